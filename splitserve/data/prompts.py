@@ -1,0 +1,56 @@
+"""Evaluation prompts: read them from JSONL and encode them exactly as training renders them.
+
+Acceptance-rate measurements are only meaningful if the prompt ends where the target would
+start generating, so a prompt always ends with a user turn followed by the generation header.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from splitserve.data.chat import (
+    DataError,
+    Message,
+    has_chat_template,
+    iter_json_rows,
+    parse_messages,
+    render_chat,
+    specials_for,
+)
+
+Prompt = list[Message] | str
+
+
+def read_prompts(path: str | Path) -> list[Prompt]:
+    """Read `{"messages": [...]}` / `{"prompt": str}` rows; a final assistant turn is dropped."""
+    prompts: list[Prompt] = []
+    for _lineno, row, where in iter_json_rows(path):
+        if "messages" in row:
+            messages = parse_messages({"messages": row["messages"]}, where)
+            # Rows copied from training data end with the reference answer; the prompt is what
+            # comes before it.
+            if messages and messages[-1]["role"] == "assistant":
+                messages = messages[:-1]
+            if not messages or messages[-1]["role"] != "user":
+                raise DataError(f"{where}: a prompt's messages must end with a user turn")
+            prompts.append(messages)
+        elif "prompt" in row:
+            prompt = row["prompt"]
+            if not isinstance(prompt, str):
+                raise DataError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
+            prompts.append(prompt)
+        else:
+            raise DataError(f"{where}: expected a 'messages' list or a 'prompt' string")
+    return prompts
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt; with a chat template they end with the assistant header."""
+    if isinstance(prompt, str):
+        if not has_chat_template(tokenizer):
+            # A base model without a template continues the raw text.
+            return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        prompt = [{"role": "user", "content": prompt}]
+    text = render_chat(tokenizer, prompt, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=specials_for(tokenizer))["input_ids"])

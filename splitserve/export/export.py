@@ -1,0 +1,25 @@
+"""`splitserve export RUN_DIR OUT_DIR`: a self-contained Hugging Face checkpoint of a draft."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from splitserve.export.hf import DSparkConfig
+
+
+def export_draft(draft, out_dir: str | Path, target_info=None) -> Path:
+    """Write config.json + model.safetensors (all weights, shared ones included, under `model.`)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = DSparkConfig.from_arch(draft.arch)
+    if target_info is not None:
+        config.target_name = target_info.name
+        config.target_vocab_size = target_info.vocab_size
+        config.target_hidden_size = target_info.hidden_size
+        config.num_target_layers = target_info.num_layers
+    config.save_pretrained(out)
+    weights = {f"model.{k}": v.detach().contiguous().cpu() for k, v in draft.state_dict().items()}
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out

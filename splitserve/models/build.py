@@ -1,0 +1,91 @@
+"""Resolve a DraftConfig against a concrete target into a DSparkArch, and build the draft."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from splitserve.config import DraftConfig
+from splitserve.models.dspark import DSparkArch, DSparkDraft
+from splitserve.target.backend import TargetInfo
+
+
+class DraftMismatchError(ValueError):
+    """A draft was built or exported for another target."""
+
+
+def pick_mask_token(tokenizer: Any, vocab_size: int) -> int:
+    """A token the target never produces in chat: the tokenizer's mask token if it has one,
+    else the highest-id special token that is not bos/eos/pad/unk and not in the chat template.
+    """
+    if tokenizer is None:
+        return vocab_size - 1
+    if getattr(tokenizer, "mask_token_id", None) is not None:
+        return int(tokenizer.mask_token_id)
+    reserved = {tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    template = getattr(tokenizer, "chat_template", None) or ""
+    candidates = [
+        int(i)
+        for i, tok in getattr(tokenizer, "added_tokens_decoder", {}).items()
+        if int(i) not in reserved and str(tok) not in template and int(i) < vocab_size
+    ]
+    return max(candidates) if candidates else vocab_size - 1
+
+
+def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None) -> DSparkArch:
+    """target_config: the target's HF config (text part), for default attention/MLP shapes."""
+    if cfg.block_size < 1:
+        raise ValueError(f"draft.block_size must be >= 1, got {cfg.block_size}")
+    n_heads = cfg.num_heads or target_config.num_attention_heads
+    head_dim = cfg.head_dim or getattr(target_config, "head_dim", None) or info.hidden_size // n_heads
+    rope = cfg.rope_theta
+    if rope is None:
+        params = getattr(target_config, "rope_parameters", None) or {}
+        rope = params.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
+    return DSparkArch(
+        vocab_size=info.vocab_size,
+        hidden_size=info.hidden_size,
+        num_layers=cfg.num_layers,
+        num_heads=n_heads,
+        num_kv_heads=cfg.num_kv_heads or getattr(target_config, "num_key_value_heads", n_heads),
+        head_dim=head_dim,
+        intermediate_size=cfg.intermediate_size or target_config.intermediate_size,
+        rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
+        rope_theta=float(rope),
+        block_size=cfg.block_size,
+        mask_token_id=cfg.mask_token_id if cfg.mask_token_id is not None else pick_mask_token(tokenizer, info.vocab_size),
+        target_layer_ids=tuple(info.layer_ids),
+        markov_rank=cfg.markov_rank,
+        markov_head_type=cfg.markov_head_type,
+        enable_confidence_head=cfg.enable_confidence_head,
+        target_name=info.name,
+        target_num_layers=info.num_layers,
+    )
+
+
+def check_compatible(arch: DSparkArch, info: TargetInfo, where: str = "draft") -> None:
+    """Refuse a draft made for another target, before any compute, naming every difference."""
+    diffs = []
+    if arch.vocab_size != info.vocab_size:
+        diffs.append(f"vocab size {arch.vocab_size} vs target {info.vocab_size}")
+    if arch.hidden_size != info.hidden_size:
+        diffs.append(f"hidden size {arch.hidden_size} vs target {info.hidden_size}")
+    bad = [i for i in arch.target_layer_ids if not 0 <= i < info.num_layers - 1]
+    if bad:
+        diffs.append(f"captured layer ids {bad} do not exist below the last layer of a {info.num_layers}-layer target")
+    elif tuple(arch.target_layer_ids) != tuple(info.layer_ids):
+        diffs.append(f"captured layer ids {list(arch.target_layer_ids)} vs target {list(info.layer_ids)}")
+    if arch.target_num_layers and arch.target_num_layers != info.num_layers:
+        diffs.append(f"target layer count {arch.target_num_layers} vs {info.num_layers}")
+    if diffs:
+        raise DraftMismatchError(
+            f"{where} was made for target '{arch.target_name}' and does not fit target "
+            f"'{info.name}': " + "; ".join(diffs)
+        )
+
+
+def build_draft(arch: DSparkArch, target) -> DSparkDraft:
+    """A fresh draft with the target's embedding and lm_head copied in (frozen)."""
+    check_compatible(arch, target.info)
+    draft = DSparkDraft(arch)
+    draft.load_shared(target.embed_weight(), target.lm_head_weight())
+    return draft.to(target.device)

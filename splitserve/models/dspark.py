@@ -1,0 +1,199 @@
+"""The DSpark draft: a parallel block backbone conditioned on the target by KV injection,
+a Markov head for neighbouring-token dependency and a confidence head.
+
+`markov_rank = 0` removes both the Markov bias and its features: the same class is then the
+DFlash-style baseline (independent parallel drafting).
+
+Plain nn.Module: no distributed code, no HF base class (export wraps it, see export/hf.py).
+Glossary: B batch, C context positions, Q block positions, γ block size, D hidden, V vocab,
+m captured target layers, r Markov rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from splitserve.models.heads import ConfidenceHead, MarkovHead
+from splitserve.models.layers import DraftLayer, RMSNorm, Rotary
+
+
+@dataclass(frozen=True)
+class DSparkArch:
+    """Fully resolved draft architecture (no defaults left to guess), plus the target identity."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    markov_rank: int = 256
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = True
+    target_name: str = ""
+    target_num_layers: int = 0
+
+    @property
+    def aux_dim(self) -> int:
+        return len(self.target_layer_ids) * self.hidden_size
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["target_layer_ids"] = list(self.target_layer_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DSparkArch":
+        d = dict(d)
+        d["target_layer_ids"] = tuple(d["target_layer_ids"])
+        return cls(**d)
+
+
+class DSparkDraft(nn.Module):
+    def __init__(self, arch: DSparkArch):
+        super().__init__()
+        self.arch = arch
+        a = arch
+        # Frozen, copied from the target (`load_shared`).
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)
+        # Trained.
+        self.fc = nn.Linear(a.aux_dim, a.hidden_size, bias=False)  # W_c
+        self.ctx_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DraftLayer(a.hidden_size, a.num_heads, a.num_kv_heads, a.head_dim, a.intermediate_size, a.rms_norm_eps)
+            for _ in range(a.num_layers)
+        )
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.rotary = Rotary(a.head_dim, a.rope_theta)
+        self.markov = (
+            MarkovHead(a.vocab_size, a.markov_rank, a.hidden_size, a.markov_head_type)
+            if a.markov_rank > 0
+            else None
+        )
+        self.confidence = ConfidenceHead(a.hidden_size, a.markov_rank) if a.enable_confidence_head else None
+        self._init_trainable()
+        self.embed_tokens.requires_grad_(False)
+        self.lm_head.requires_grad_(False)
+
+    def _init_trainable(self) -> None:
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear) and not name.startswith(("lm_head", "markov.w2")):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    @torch.no_grad()
+    def load_shared(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        """Copy the target's token embedding and lm_head (both (V, D)) into the frozen slots."""
+        for name, w, slot in (("embedding", embed_weight, self.embed_tokens), ("lm_head", lm_head_weight, self.lm_head)):
+            if tuple(w.shape) != tuple(slot.weight.shape):
+                raise ValueError(
+                    f"target {name} has shape {tuple(w.shape)}, draft expects {tuple(slot.weight.shape)}"
+                )
+            slot.weight.copy_(w.to(slot.weight.dtype))
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything but the frozen shared weights (these come back from the target)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(("embed_tokens.", "lm_head."))}
+
+    # ---- backbone -------------------------------------------------------------------------
+
+    def context_kv(self, aux: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """aux: (B, C, m*D), positions: (B, C) -> per layer (k, v), each (B, Hkv, C, hd).
+
+        H_ctx = RMSNorm(W_c [H^(l1); ...; H^(lm)]): context features are never input tokens.
+        """
+        h_ctx = self.ctx_norm(self.fc(aux.to(self.fc.weight.dtype)))
+        cos, sin = self.rotary(positions)
+        return [layer.self_attn.project_context(h_ctx, cos, sin) for layer in self.layers]
+
+    def backbone(
+        self,
+        block_ids: torch.Tensor,
+        block_pos: torch.Tensor,
+        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """block_ids, block_pos: (B, Q); mask: (B, 1, Q, C+Q) bool or None -> h: (B, Q, D), normed."""
+        x = self.embed_tokens(block_ids)
+        cos, sin = self.rotary(block_pos)
+        for layer, (ctx_k, ctx_v) in zip(self.layers, ctx_kv):
+            x = layer(x, ctx_k, ctx_v, cos, sin, mask)
+        return self.norm(x)
+
+    def block_inputs(self, anchor_ids: torch.Tensor) -> torch.Tensor:
+        """anchor_ids: (...) -> (..., γ): the anchor followed by γ-1 mask tokens."""
+        masks = anchor_ids.new_full((*anchor_ids.shape, self.arch.block_size - 1), self.arch.mask_token_id)
+        return torch.cat([anchor_ids[..., None], masks], dim=-1)
+
+    # ---- heads ----------------------------------------------------------------------------
+
+    def logits(self, h: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
+        """Markov-corrected draft logits. h: (..., D), prev_ids: (...) -> (..., V)."""
+        u = self.lm_head(h)
+        if self.markov is not None:
+            u = u + self.markov.bias(prev_ids, h)
+        return u
+
+    def confidence_logit(self, h: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
+        """h: (..., D), prev_ids: (...) -> logit of c_k: (...), or None without a confidence head."""
+        if self.confidence is None:
+            return None
+        feats = self.markov.features(prev_ids) if self.markov is not None else None
+        return self.confidence(h, feats)
+
+    # ---- inference: one draft round -------------------------------------------------------
+
+    @torch.no_grad()
+    def draft(
+        self,
+        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        anchor_id: torch.Tensor,
+        anchor_pos: int,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Draft γ tokens after the anchor.
+
+        ctx_kv: cached context K/V of every committed position before the anchor (batch 1).
+        anchor_id: () the last token the target produced (not yet seen by the target).
+        Returns tokens (γ,), draft probabilities (γ, V) at this temperature (None when greedy),
+        confidence c_k (γ,) or None.
+        """
+        gamma = self.arch.block_size
+        block_ids = self.block_inputs(anchor_id.view(1))  # (1, γ)
+        pos = torch.arange(anchor_pos, anchor_pos + gamma, device=block_ids.device)[None]
+        h = self.backbone(block_ids, pos, ctx_kv, None)[0]  # (γ, D): the block sees all context
+        base = self.lm_head(h)  # (γ, V): U_k, computed in parallel
+        tokens = anchor_id.new_empty(gamma)
+        probs = [] if temperature > 0 else None
+        prev = anchor_id.view(1)
+        prevs = []
+        # Sequential stage: x_k ~ softmax(U_k + B(x_{k-1})), k = 1..γ.
+        for k in range(gamma):
+            prevs.append(prev)
+            logit = base[k]
+            if self.markov is not None:
+                logit = logit + self.markov.bias(prev, h[k : k + 1])[0]
+            if temperature > 0:
+                p = torch.softmax(logit.float() / temperature, dim=-1)
+                tok = torch.multinomial(p, 1, generator=generator)
+                probs.append(p)
+            else:
+                tok = logit.argmax(-1, keepdim=True)
+            tokens[k] = tok[0]
+            prev = tok
+        conf = self.confidence_logit(h, torch.cat(prevs))
+        return tokens, (torch.stack(probs) if probs is not None else None), (
+            torch.sigmoid(conf) if conf is not None else None
+        )

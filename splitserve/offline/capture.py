@@ -1,0 +1,44 @@
+"""`splitserve dump`: run the target over the training data once and store its hidden states.
+
+Samples are processed in data order (sample id = index), so a dump-trained run sees exactly
+the records an in-process run would. An interrupted dump resumes where its shards end.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from splitserve.config import RunConfig
+from splitserve.offline.reader import dtype_from_name
+from splitserve.offline.writer import DumpWriter
+from splitserve.train.sources import TargetSource
+
+
+def run_dump(cfg: RunConfig, target=None) -> Path:
+    from splitserve.data import load_samples, resolve_train_path
+    from splitserve.target.hf import load_hf_target
+
+    target = target or load_hf_target(cfg.target)
+    path = resolve_train_path(cfg.data.train_path)
+    samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples)
+    print(f"[dump] data {path}: {stats.summary()}")
+    source = TargetSource(target, samples)
+    out = Path(cfg.dump.out_dir)
+    resume = out.exists() and not (out / "manifest.json").exists() and any(out.glob("shard_*"))
+    t0 = time.time()
+    with DumpWriter(out, target.info, dtype_from_name(cfg.dump.dtype), cfg.dump.shard_tokens, resume=resume) as writer:
+        todo = [i for i in range(len(samples)) if i not in writer.done_sample_ids]
+        if resume:
+            print(f"[dump] resuming: {len(samples) - len(todo)} samples already stored")
+        bar = tqdm(total=len(todo), desc="dump", unit="sample")
+        for start in range(0, len(todo), cfg.train.batch_size):
+            for rec in source.get(todo[start : start + cfg.train.batch_size]):
+                writer.add(rec)
+            bar.update(min(cfg.train.batch_size, len(todo) - start))
+        bar.close()
+    tokens = sum(len(s.input_ids) for s in samples)
+    print(f"[dump] wrote {len(samples)} samples, {tokens:,} tokens to {out} in {time.time() - t0:.0f} s")
+    return out

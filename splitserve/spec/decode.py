@@ -1,0 +1,120 @@
+"""Reference speculative decoding, batch 1, plain PyTorch (gpt-fast style: readable first).
+
+State between rounds, for committed tokens x_0 .. x_p (x_p = last target output, "anchor"):
+    target KV cache     covers x_0 .. x_{p-1}
+    draft context K/V   covers the target's captured hidden states at 0 .. p-1
+One round:
+    1. draft:   d_1..d_γ from block [x_p, M, ..., M] at positions p .. p+γ-1
+    2. verify:  target forward on [x_p, d_1..d_γ] -> q_0..q_γ (one pass, γ+1 tokens)
+    3. accept:  n tokens + 1 bonus (greedy or rejection sampling); τ_round = n + 1
+    4. commit:  crop target cache to p+n+1, append draft context for positions p..p+n
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from splitserve.models.dspark import DSparkDraft
+from splitserve.spec.verify import greedy_verify, sampling_verify
+
+
+@dataclass
+class SpecResult:
+    tokens: list[int]  # generated tokens (without the prompt), at most max_new_tokens
+    accepts: list[int] = field(default_factory=list)  # per round: n accepted draft tokens
+
+
+def _stop_at(tokens: list[int], eos_ids: set[int], limit: int) -> tuple[list[int], bool]:
+    for i, tok in enumerate(tokens[:limit]):
+        if tok in eos_ids:
+            return tokens[: i + 1], True
+    return tokens[:limit], len(tokens) >= limit
+
+
+class SpecDecoder:
+    def __init__(self, target, draft: DSparkDraft):
+        self.target, self.draft = target, draft
+        self.gamma = draft.arch.block_size
+
+    def _append_ctx(self, ctx_kv, aux: torch.Tensor, start: int):
+        # aux: (1, L, m*D) for positions start .. start+L-1 -> concat onto each layer's K/V.
+        pos = torch.arange(start, start + aux.shape[1], device=aux.device)[None]
+        new = self.draft.context_kv(aux, pos)
+        if ctx_kv is None:
+            return new
+        return [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(ctx_kv, new)]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        eos_ids: set[int] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> SpecResult:
+        eos_ids = eos_ids or set()
+        dev = self.target.device
+        cache = self.target.new_cache()
+        prompt = torch.tensor([prompt_ids], device=dev)
+        logits, cap = self.target.forward_cached(prompt, cache, logits_from=prompt.shape[1] - 1)
+        ctx_kv = self._append_ctx(None, cap.aux, 0)
+        anchor = self._pick(logits[0, -1], temperature, generator)
+        out, accepts = [int(anchor)], []
+        p = len(prompt_ids)  # position of the anchor
+        while True:
+            out, done = _stop_at(out, eos_ids, max_new_tokens)
+            if done:
+                return SpecResult(out, accepts)
+            d_tok, d_prob, _ = self.draft.draft(ctx_kv, anchor, p, temperature, generator)
+            verify_in = torch.cat([anchor.view(1), d_tok])[None]  # (1, γ+1)
+            logits, cap = self.target.forward_cached(verify_in, cache)
+            q_logits = logits[0]  # (γ+1, V)
+            if temperature > 0:
+                q = torch.softmax(q_logits / temperature, dim=-1)
+                u = torch.rand(self.gamma, device=dev, generator=generator)
+                e = torch.empty(q.shape[-1], device=dev).exponential_(generator=generator)
+                n, bonus = sampling_verify(d_tok, d_prob, q, u, e)
+            else:
+                n, bonus = greedy_verify(d_tok, q_logits)
+            n_acc = int(n)  # the one host read per round: how many tokens to commit
+            self.target.crop_cache(cache, p + n_acc + 1)
+            ctx_kv = self._append_ctx(ctx_kv, cap.aux[:, : n_acc + 1], p)
+            out += d_tok[:n_acc].tolist() + [int(bonus)]
+            accepts.append(n_acc)
+            anchor, p = bonus, p + n_acc + 1
+
+    def _pick(self, logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
+        if temperature > 0:
+            return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[0]
+        return logits.argmax(-1)
+
+
+@torch.no_grad()
+def target_decode(
+    target,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    eos_ids: set[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """The target on its own, one token per forward with a KV cache: the exactness reference."""
+    eos_ids = eos_ids or set()
+    cache = target.new_cache()
+    inp = torch.tensor([prompt_ids], device=target.device)
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        logits, _ = target.forward_cached(inp, cache, logits_from=inp.shape[1] - 1)
+        last = logits[0, -1]
+        if temperature > 0:
+            tok = torch.multinomial(torch.softmax(last / temperature, -1), 1, generator=generator)[0]
+        else:
+            tok = last.argmax(-1)
+        out.append(int(tok))
+        if out[-1] in eos_ids:
+            break
+        inp = tok.view(1, 1)
+    return out

@@ -1,0 +1,104 @@
+"""Measure a draft against its real target by running speculative decoding on prompts.
+
+τ (acceptance length) = mean tokens committed per round, bonus included = mean(n + 1).
+Conditional acceptance at position k = P(n >= k | n >= k-1) over all rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from splitserve.spec.decode import SpecDecoder, target_decode
+
+
+@dataclass
+class PromptResult:
+    prompt_ids: list[int]
+    tokens: list[int]
+    accepts: list[int]
+    exact: bool | None = None  # greedy only: equals the target's own greedy output
+
+
+@dataclass
+class EvalReport:
+    tau: float
+    per_position: list[float]  # conditional acceptance, k = 1..γ
+    rounds: int
+    tokens: int
+    num_prompts: int
+    temperature: float
+    block_size: int
+    exact_matches: int | None = None
+    results: list[PromptResult] = field(default_factory=list)
+
+    def to_dict(self, with_results: bool = True) -> dict:
+        d = asdict(self)
+        if not with_results:
+            d.pop("results")
+        return d
+
+
+def acceptance_stats(accepts: list[int], gamma: int) -> tuple[float, list[float]]:
+    """accepts: per-round accepted draft tokens n -> (τ, conditional acceptance per position)."""
+    if not accepts:
+        return 0.0, [0.0] * gamma
+    n = torch.tensor(accepts)
+    tau = float((n + 1).float().mean())
+    per_pos = []
+    for k in range(1, gamma + 1):
+        reached = int((n >= k - 1).sum())
+        per_pos.append(float((n >= k).sum()) / reached if reached else 0.0)
+    return tau, per_pos
+
+
+def evaluate(
+    target,
+    draft,
+    prompts: list[list[int]],
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    seed: int = 0,
+    check_exact: bool = True,
+    eos_ids: set[int] | None = None,
+    desc: str = "eval",
+) -> EvalReport:
+    draft.eval()
+    decoder = SpecDecoder(target, draft)
+    gen = torch.Generator(device=target.device).manual_seed(seed)
+    results, all_accepts = [], []
+    for ids in tqdm(prompts, desc=desc, unit="prompt", leave=False):
+        res = decoder.generate(ids, max_new_tokens, temperature, eos_ids, gen)
+        exact = None
+        if temperature == 0 and check_exact:
+            exact = res.tokens == target_decode(target, ids, max_new_tokens, 0.0, eos_ids)
+        results.append(PromptResult(list(ids), res.tokens, res.accepts, exact))
+        all_accepts += res.accepts
+    tau, per_pos = acceptance_stats(all_accepts, draft.arch.block_size)
+    exact_matches = sum(bool(r.exact) for r in results) if temperature == 0 and check_exact else None
+    return EvalReport(
+        tau=tau,
+        per_position=per_pos,
+        rounds=len(all_accepts),
+        tokens=sum(len(r.tokens) for r in results),
+        num_prompts=len(prompts),
+        temperature=temperature,
+        block_size=draft.arch.block_size,
+        exact_matches=exact_matches,
+        results=results,
+    )
+
+
+def format_reports(named: dict[str, EvalReport]) -> str:
+    """A Markdown table: one row per evaluated draft."""
+    gamma = max(r.block_size for r in named.values())
+    head = "| draft | τ | rounds | tokens | exact | " + " | ".join(f"a{k}" for k in range(1, gamma + 1)) + " |"
+    sep = "|" + "---|" * (5 + gamma)
+    rows = [head, sep]
+    for name, r in named.items():
+        exact = "-" if r.exact_matches is None else f"{r.exact_matches}/{r.num_prompts}"
+        pos = " | ".join(f"{a:.2f}" for a in r.per_position) + " |" * (gamma - len(r.per_position))
+        rows.append(f"| {name} | {r.tau:.3f} | {r.rounds} | {r.tokens} | {exact} | {pos} |")
+    return "\n".join(rows)

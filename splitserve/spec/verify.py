@@ -1,0 +1,55 @@
+"""Chain verification: how many draft tokens the target accepts, and the bonus token.
+
+Both functions are pure and stay on the device (no .item()); they are the PyTorch reference
+that faster kernels must match. Notation: d_1..d_γ draft tokens, q_0..q_γ the target's
+distributions at the verify positions (q_{k-1} scores d_k; q_γ follows the last draft token),
+p_1..p_γ the draft's (Markov-corrected) distributions the tokens were sampled from.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """draft_tokens: (γ,), target_logits: (γ+1, V) -> (n_accepted (), bonus ()).
+
+    Accept the longest prefix with d_k == argmax q_{k-1}; the bonus is argmax q_n, so the
+    committed tokens d_1..d_n, bonus are exactly what target greedy decoding would produce.
+    """
+    target_tokens = target_logits.argmax(-1)  # (γ+1,)
+    matches = (draft_tokens == target_tokens[:-1]).long()
+    n = matches.cumprod(0).sum()
+    return n, target_tokens[n]
+
+
+def sampling_verify(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    uniform: torch.Tensor,
+    residual_noise: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lossless rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    draft_tokens (γ,), draft_probs (γ, V), target_probs (γ+1, V),
+    uniform (γ,) ~ U(0,1) for the accept tests, residual_noise (V,) ~ Exp(1) for the final draw.
+    Accept d_k with probability min(1, q_{k-1}(d_k) / p_k(d_k)); at the first rejection draw
+    from norm(max(0, q_{k-1} - p_k)); if all γ pass, draw the bonus from q_γ. The output is
+    then distributed exactly as the target's, whatever the draft.
+    Returns (n_accepted (), next token ()).
+    """
+    gamma = draft_tokens.shape[0]
+    idx = torch.arange(gamma, device=draft_tokens.device)
+    q = target_probs[idx, draft_tokens]
+    p = draft_probs[idx, draft_tokens]
+    accepted = (uniform * p < q).long()  # u < q/p without dividing by a small p; q = 0 never passes
+    n = accepted.cumprod(0).sum()
+    # Distribution of the next token: residual at the rejected slot, or q_γ if none rejected.
+    pad = torch.cat([draft_probs, torch.zeros_like(draft_probs[:1])])  # (γ+1, V), p_{γ+1} = 0
+    residual = (target_probs[n] - pad[n]).clamp_min(0)
+    # Where q == p exactly the residual is empty; fall back to q (a probability-zero event).
+    residual = torch.where(residual.sum() > 0, residual, target_probs[n])
+    # Exponential-race sampling: argmax r / e with e ~ Exp(1) draws from r / sum(r).
+    nxt = (residual / residual_noise).argmax()
+    return n, nxt

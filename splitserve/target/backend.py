@@ -1,0 +1,63 @@
+"""The seam between a frozen target and everything that consumes its hidden states.
+
+A backend runs the target and returns `Capture`s; training (online or offline) and the
+speculative decoder only see this interface, so a later SGLang backend is a drop-in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """Identity of a target: what a draft must match before any compute."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    layer_ids: tuple[int, ...]  # captured layers, HF indexing (hidden_states[l + 1])
+
+
+@dataclass
+class Capture:
+    """Hidden states the draft needs for a span of tokens.
+
+    aux:   (B, T, m*D) the m captured layers' outputs, concatenated on the last dim
+    final: (B, T, D)   the final-norm hidden state (lm_head input), or None when not asked for
+    """
+
+    aux: torch.Tensor
+    final: torch.Tensor | None
+
+
+class TargetBackend(Protocol):
+    info: TargetInfo
+
+    def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Capture:
+        """Full-sequence capture for training. input_ids: (B, T). Never computes logits."""
+
+    def embed_weight(self) -> torch.Tensor:
+        """(V, D) token embedding, to copy into the draft."""
+
+    def lm_head_weight(self) -> torch.Tensor:
+        """(V, D) output projection, to copy into the draft."""
+
+    def new_cache(self) -> Any:
+        """An empty KV cache for `forward_cached`."""
+
+    def forward_cached(
+        self, input_ids: torch.Tensor, cache: Any, logits_from: int = 0
+    ) -> tuple[torch.Tensor, Capture]:
+        """Decode-time forward: extend `cache` with input_ids (1, T).
+
+        Returns logits (1, T - logits_from, V) for the last positions only, and the capture
+        (aux only) of all T new positions.
+        """
+
+    def crop_cache(self, cache: Any, length: int) -> None:
+        """Drop cached positions >= length (rejected draft tokens)."""

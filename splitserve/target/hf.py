@@ -1,0 +1,143 @@
+"""Transformers target backend: a frozen HF causal LM with forward hooks on the captured layers.
+
+Hooks (rather than `output_hidden_states=True`) keep only the m layers we need, so an 8K-token
+sequence costs m+1 (T, D) tensors, not N+1. Logits are computed only where asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from splitserve.assets import resolve_target_path
+from splitserve.config import TargetConfig
+from splitserve.target.backend import Capture, TargetInfo
+from splitserve.target.layers import check_layer_ids, default_layer_ids
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class HFTarget:
+    """Implements `TargetBackend` over any transformers causal LM (Llama, Qwen, ...)."""
+
+    def __init__(self, model: nn.Module, info: TargetInfo, tokenizer: Any = None):
+        self.model = model.eval().requires_grad_(False)
+        self.info = info
+        self.tokenizer = tokenizer
+        self.decoder = model.get_decoder()
+        self._captured: dict[int, torch.Tensor] = {}
+        for layer_id in info.layer_ids:
+            self.decoder.layers[layer_id].register_forward_hook(self._hook(layer_id))
+
+    def _hook(self, layer_id: int):
+        def save(_module, _inputs, output):
+            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return save
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def _take_aux(self) -> torch.Tensor:
+        # (B, T, m*D): captured layers concatenated in layer-id order.
+        aux = torch.cat([self._captured[i] for i in self.info.layer_ids], dim=-1)
+        self._captured.clear()
+        return aux
+
+    @torch.no_grad()
+    def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Capture:
+        """input_ids: (B, T) -> aux (B, T, m*D), final (B, T, D). No logits."""
+        out = self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return Capture(aux=self._take_aux(), final=out.last_hidden_state)
+
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.no_grad()
+    def forward_cached(
+        self, input_ids: torch.Tensor, cache: Any, logits_from: int = 0
+    ) -> tuple[torch.Tensor, Capture]:
+        """input_ids: (1, T) appended to cache -> logits (1, T - logits_from, V), aux (1, T, m*D)."""
+        out = self.decoder(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        hidden = out.last_hidden_state[:, logits_from:]
+        logits = self.model.get_output_embeddings()(hidden).float()
+        return logits, Capture(aux=self._take_aux(), final=None)
+
+    def crop_cache(self, cache: Any, length: int) -> None:
+        excess = cache.get_seq_length() - length
+        if excess > 0:
+            cache.crop(-excess)
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_hf_target(cfg: TargetConfig, device: torch.device | None = None) -> HFTarget:
+    """Load a target per config: the embedded SmolLM2 or any local HF model directory."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_target_path(cfg.path)
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"target.dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
+    model.to(device or pick_device(cfg.device))
+    tokenizer = load_tokenizer(path)
+    return wrap_hf_model(model, cfg, tokenizer)
+
+
+def _info_from_config(mc, cfg: TargetConfig, name: str, validate: bool = True) -> TargetInfo:
+    text_cfg = mc.get_text_config() if hasattr(mc, "get_text_config") else mc
+    n_layers = int(text_cfg.num_hidden_layers)
+    layer_ids = list(cfg.layer_ids) if cfg.layer_ids is not None else default_layer_ids(
+        n_layers, cfg.num_capture_layers
+    )
+    if validate:
+        check_layer_ids(layer_ids, n_layers)
+    return TargetInfo(
+        name=name,
+        vocab_size=int(text_cfg.vocab_size),
+        hidden_size=int(text_cfg.hidden_size),
+        num_layers=n_layers,
+        layer_ids=tuple(layer_ids),
+    )
+
+
+def peek_target_info(cfg: TargetConfig) -> TargetInfo:
+    """The target's identity from its config.json alone: no weights are read. Layer ids are
+    not validated here, so a caller can report a foreign draft's ids as a mismatch."""
+    from transformers import AutoConfig
+
+    return _info_from_config(AutoConfig.from_pretrained(resolve_target_path(cfg.path)), cfg, cfg.name, validate=False)
+
+
+def wrap_hf_model(model: nn.Module, cfg: TargetConfig, tokenizer: Any = None, name: str | None = None) -> HFTarget:
+    """Wrap an already-built HF model (tests use tiny random ones)."""
+    info = _info_from_config(model.config, cfg, name or cfg.name)
+    return HFTarget(model, info, tokenizer)

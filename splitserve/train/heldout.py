@@ -1,0 +1,51 @@
+"""Held-out evaluation at the end of a run: the trained draft next to an untrained one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from splitserve.config import RunConfig
+from splitserve.models.build import build_draft
+from splitserve.spec.evaluate import EvalReport, evaluate, format_reports
+
+
+def load_prompt_ids(name_or_path: str, tokenizer, limit: int | None) -> list[list[int]]:
+    from splitserve.data import encode_prompt, read_prompts, resolve_prompts_path
+
+    prompts = read_prompts(resolve_prompts_path(name_or_path))
+    if limit:
+        prompts = prompts[:limit]
+    return [encode_prompt(tokenizer, p) for p in prompts]
+
+
+def eos_ids_of(tokenizer) -> set[int]:
+    if tokenizer is None or tokenizer.eos_token_id is None:
+        return set()
+    return {int(tokenizer.eos_token_id)}
+
+
+def evaluate_run(cfg: RunConfig, target, draft) -> dict[str, EvalReport]:
+    """Writes eval.json and eval.md into the run dir and prints the table."""
+    ev = cfg.eval
+    prompts = load_prompt_ids(cfg.data.heldout_prompts, target.tokenizer, ev.num_prompts)
+    eos = eos_ids_of(target.tokenizer)
+    reports = {}
+    reports["trained"] = evaluate(target, draft, prompts, ev.max_new_tokens, ev.temperature, cfg.train.seed,
+                                  eos_ids=eos, desc="eval trained")
+    if ev.compare_untrained:
+        torch.manual_seed(cfg.train.seed)
+        fresh = build_draft(draft.arch, target).eval()
+        reports["untrained"] = evaluate(target, fresh, prompts, ev.max_new_tokens, ev.temperature,
+                                        cfg.train.seed, eos_ids=eos, desc="eval untrained")
+    run_dir = Path(cfg.run_dir)
+    table = format_reports(reports)
+    (run_dir / "eval.json").write_text(json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=1))
+    header = (f"Held-out speculative decoding: {len(prompts)} prompts from {cfg.data.heldout_prompts}, "
+              f"{ev.max_new_tokens} new tokens, T={ev.temperature}, γ={draft.arch.block_size}, "
+              f"target {target.info.name}\n\n")
+    (run_dir / "eval.md").write_text(header + table + "\n")
+    print("\n" + header + table)
+    return reports

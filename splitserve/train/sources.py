@@ -1,0 +1,86 @@
+"""Where training records come from: the target run in-process, or an offline dump.
+
+Both yield the same `HiddenRecord`s, so one trainer consumes either; the split trainer's
+network channel is a third source behind the same `get` call.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from splitserve.records import HiddenRecord
+
+
+class RecordSource(Protocol):
+    num_samples: int
+
+    def get(self, indices: list[int]) -> list[HiddenRecord]:
+        """The records of the given sample indices, in that order."""
+
+
+class TargetSource:
+    """Runs the frozen target over tokenized samples on demand.
+
+    One forward per sample, unpadded: a record then depends only on its own tokens, never on
+    which samples shared its batch, so online training and dump-then-train see bit-identical
+    records (and no compute is spent on padding).
+    """
+
+    def __init__(self, target, samples, store_dtype: torch.dtype = torch.float32):
+        self.target, self.samples, self.store_dtype = target, samples, store_dtype
+        self.num_samples = len(samples)
+
+    def get(self, indices: list[int]) -> list[HiddenRecord]:
+        records = []
+        for i in indices:
+            s = self.samples[i]
+            ids = torch.tensor(s.input_ids, dtype=torch.long)
+            cap = self.target.capture(ids[None].to(self.target.device))
+            records.append(
+                HiddenRecord(
+                    sample_id=i,
+                    input_ids=ids,
+                    loss_mask=torch.tensor(s.loss_mask, dtype=torch.bool),
+                    aux=cap.aux[0].to(self.store_dtype),
+                    final=cap.final[0].to(self.store_dtype),
+                )
+            )
+        return records
+
+
+class DumpSource:
+    """Reads records back from `splitserve dump` output (sample index = dump order)."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.num_samples = len(reader)
+
+    def get(self, indices: list[int]) -> list[HiddenRecord]:
+        return [self.reader[i] for i in indices]
+
+
+class DataOrder:
+    """Deterministic, resumable sample order: a fresh seeded permutation per epoch.
+
+    The batch of step s depends only on (seed, s), so resuming needs nothing but the step.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, seed: int):
+        if num_samples == 0:
+            raise ValueError("no training samples")
+        self.n, self.bs, self.seed = num_samples, batch_size, seed
+        self._perm_epoch, self._perm = -1, None
+
+    def _perm_of(self, epoch: int) -> torch.Tensor:
+        if epoch != self._perm_epoch:
+            g = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+            self._perm, self._perm_epoch = torch.randperm(self.n, generator=g), epoch
+        return self._perm
+
+    def batch(self, step: int) -> list[int]:
+        out = []
+        for cursor in range(step * self.bs, (step + 1) * self.bs):
+            out.append(int(self._perm_of(cursor // self.n)[cursor % self.n]))
+        return out

@@ -1,0 +1,85 @@
+"""One training forward: records -> packed blocks -> draft -> loss.
+
+The lm_head runs on the draft side at the sampled positions only: never full-vocab logits over
+a whole sequence, and nothing wider than D per token crosses from the target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from splitserve.config import LossConfig
+from splitserve.models.dspark import DSparkDraft
+from splitserve.records import HiddenRecord
+from splitserve.train.losses import LossInputs, LossOut, compute_loss
+from splitserve.train.packing import pack_blocks, sample_anchors
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (B, T), right-padded
+    loss_mask: torch.Tensor  # (B, T) bool
+    lengths: torch.Tensor  # (B,)
+    aux: torch.Tensor  # (B, T, m*D)
+    final: torch.Tensor  # (B, T, D)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+
+def collate(records: list[HiddenRecord], device: torch.device, dtype: torch.dtype) -> Batch:
+    """Right-pad a list of records into one batch on `device`."""
+    b, t = len(records), max(r.num_tokens for r in records)
+    aux_dim, d = records[0].aux.shape[-1], records[0].final.shape[-1]
+    ids = torch.zeros(b, t, dtype=torch.long)
+    mask = torch.zeros(b, t, dtype=torch.bool)
+    aux = torch.zeros(b, t, aux_dim, dtype=dtype)
+    final = torch.zeros(b, t, d, dtype=dtype)
+    for i, r in enumerate(records):
+        n = r.num_tokens
+        ids[i, :n], mask[i, :n] = r.input_ids, r.loss_mask
+        aux[i, :n], final[i, :n] = r.aux.to(dtype), r.final.to(dtype)
+    lengths = torch.tensor([r.num_tokens for r in records])
+    return Batch(ids.to(device), mask.to(device), lengths.to(device), aux.to(device), final.to(device))
+
+
+def draft_loss(
+    draft: DSparkDraft,
+    batch: Batch,
+    anchors_per_seq: int,
+    loss_cfg: LossConfig,
+    generator: torch.Generator,
+) -> tuple[LossOut, int]:
+    """Returns the loss and the number of trained block positions."""
+    arch = draft.arch
+    b, t = batch.input_ids.shape
+    anchors, valid = sample_anchors(batch.loss_mask.cpu(), batch.lengths.cpu(), anchors_per_seq, generator)
+    packed = pack_blocks(
+        batch.input_ids, batch.loss_mask, batch.lengths, anchors, valid, arch.block_size, arch.mask_token_id
+    )
+    ctx_pos = torch.arange(t, device=batch.input_ids.device).expand(b, t)
+    ctx_kv = draft.context_kv(batch.aux, ctx_pos)
+    h = draft.backbone(packed.block_ids, packed.block_pos, ctx_kv, packed.mask)  # (B, N*γ, D)
+    h = h.view(b, -1, arch.block_size, h.shape[-1])  # (B, N, γ, D)
+
+    sel = packed.label_valid.nonzero(as_tuple=True)  # P positions
+    bi, slot = sel[0], sel[2]
+    label_pos = packed.label_pos[sel]  # (P,)
+    labels = batch.input_ids[bi, label_pos]
+    prev = batch.input_ids[bi, label_pos - 1]  # teacher forcing: [x0, x*_1 .. x*_{γ-1}]
+    h_sel = h[sel]  # (P, D)
+    with torch.no_grad():
+        # Target's distribution for token a+k comes from its final hidden state at a+k-1.
+        target_logits = draft.lm_head(batch.final[bi, label_pos - 1].to(h_sel.dtype))
+    inputs = LossInputs(
+        draft_logits=draft.logits(h_sel, prev),
+        target_logits=target_logits,
+        labels=labels,
+        slot=slot,
+        conf_logits=draft.confidence_logit(h_sel, prev),
+        block_size=arch.block_size,
+    )
+    return compute_loss(inputs, loss_cfg), int(labels.numel())

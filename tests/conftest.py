@@ -1,0 +1,18 @@
+import pytest
+from transformers import AutoTokenizer
+
+from splitserve.assets import smollm2_dir
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    return AutoTokenizer.from_pretrained(smollm2_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_smol_dir(tmp_path_factory):
+    """A tiny random Llama with SmolLM2's tokenizer (V=49152) saved as an HF directory, so the
+    real CLI paths (chat templates, prompts, export) run in seconds."""
+    from tiny import save_tiny_smol
+
+    return save_tiny_smol(tmp_path_factory.mktemp("tiny_smol"))

@@ -1,0 +1,86 @@
+"""Export round trip through transformers, and drafts refused by the wrong target."""
+
+import json
+
+import pytest
+import torch
+from tiny import tiny_draft, tiny_target
+
+import splitserve  # noqa: F401  (registers the Auto classes)
+import splitserve.cli as cli
+from splitserve.export import export_draft
+from splitserve.models.build import DraftMismatchError
+from splitserve.models.io import load_draft
+from splitserve.train.checkpoint import CheckpointError
+
+
+@pytest.fixture()
+def exported(tmp_path):
+    target = tiny_target(seed=1)
+    draft = tiny_draft(target, block_size=8, markov_rank=8)
+    torch.nn.init.normal_(draft.markov.w2.weight, std=0.5)
+    out = export_draft(draft, tmp_path / "export", target.info)
+    return target, draft, out
+
+
+def test_config_fields(exported):
+    _, _, out = exported
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["DSparkDraftModel"] and cfg["model_type"] == "dspark"
+    for key in ("block_size", "target_layer_ids", "mask_token_id", "markov_rank", "markov_head_type",
+                "enable_confidence_head", "target_name", "target_vocab_size", "target_hidden_size"):
+        assert key in cfg, key
+    assert cfg["block_size"] == 8 and cfg["target_layer_ids"] == [1, 2, 4] and cfg["target_vocab_size"] == 96
+
+
+def test_round_trip_identical_logits(exported):
+    from transformers import AutoConfig, AutoModel
+
+    target, draft, out = exported
+    assert AutoConfig.from_pretrained(out).model_type == "dspark"
+    model = AutoModel.from_pretrained(out).eval()
+    ids = torch.randint(0, 90, (1, 20), generator=torch.Generator().manual_seed(0))
+    aux = target.capture(ids).aux
+    block = ids[:, 12:20]
+    with torch.no_grad():
+        got = model(aux[:, :12], block)
+        ctx = draft.context_kv(aux[:, :12], torch.arange(12)[None])
+        h = draft.backbone(draft.block_inputs(block[:, 0]), torch.arange(12, 20)[None], ctx, None)
+        want = draft.logits(h, block)
+    assert torch.equal(got, want)
+    reloaded = load_draft(out, target)
+    for k, v in draft.state_dict().items():
+        assert torch.equal(v, reloaded.state_dict()[k]), k
+
+
+def test_corrupt_export_is_a_clear_error(exported):
+    target, _, out = exported
+    f = out / "model.safetensors"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_draft(out, target)
+
+
+@pytest.mark.parametrize(
+    "other, match",
+    [
+        (dict(vocab=128), "vocab size 96 vs target 128"),
+        (dict(hidden=64), "hidden size 32 vs target 64"),
+        (dict(layers=4, layer_ids=(1, 2)), "layer ids"),
+    ],
+)
+def test_draft_for_another_target_refused_before_compute(exported, tmp_path, monkeypatch, other, match):
+    _, _, out = exported
+    other_target = tiny_target(seed=2, **other)
+    other_dir = tmp_path / "other"
+    other_target.model.save_pretrained(other_dir)
+
+    def no_weights(*a, **k):
+        raise AssertionError("target weights were loaded before the compatibility check")
+
+    monkeypatch.setattr("splitserve.target.hf.load_hf_target", no_weights)
+    with pytest.raises(DraftMismatchError, match=match):
+        cli.eval_main(["--draft", str(out), "--target", str(other_dir)])
+    # The same check guards direct loading too.
+    with pytest.raises(DraftMismatchError):
+        load_draft(out, other_target)

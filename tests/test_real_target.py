@@ -1,0 +1,46 @@
+"""The real embedded target (SmolLM2-135M-Instruct) on real held-out chitchat prompts.
+
+A briefly trained draft (so rounds accept some tokens and reject others) must reproduce the
+target's greedy output token for token on 20 prompts.
+"""
+
+import pytest
+import torch
+
+from splitserve.config import DraftConfig, LossConfig, TargetConfig
+from splitserve.data import load_samples, resolve_train_path
+from splitserve.models.build import build_draft, resolve_arch
+from splitserve.spec.evaluate import evaluate
+from splitserve.target.hf import load_hf_target
+from splitserve.train.heldout import eos_ids_of, load_prompt_ids
+from splitserve.train.sources import TargetSource
+from splitserve.train.step import collate, draft_loss
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_hf_target(TargetConfig(device="cpu"))
+
+
+def test_greedy_exact_on_20_real_prompts(smollm2):
+    target = smollm2
+    assert target.info.num_layers == 30 and target.info.vocab_size == 49152
+    torch.manual_seed(0)
+    arch = resolve_arch(DraftConfig(num_layers=1, block_size=8), target.info, target.model.config, target.tokenizer)
+    draft = build_draft(arch, target)
+    samples, _ = load_samples(resolve_train_path("chitchat"), target.tokenizer, 128, limit=48)
+    source = TargetSource(target, samples)
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-3)
+    for step in range(12):
+        batch = collate(source.get(list(range(4 * step, 4 * step + 4))), target.device, torch.float32)
+        out, _ = draft_loss(draft, batch, 16, LossConfig(ce_weight=1.0), torch.Generator().manual_seed(step))
+        opt.zero_grad()
+        out.total.backward()
+        opt.step()
+    prompts = load_prompt_ids("chitchat", target.tokenizer, 20)
+    report = evaluate(target, draft.eval(), prompts, max_new_tokens=24, eos_ids=eos_ids_of(target.tokenizer))
+    assert report.num_prompts == 20
+    bad = [i for i, r in enumerate(report.results) if not r.exact]
+    assert report.exact_matches == 20, f"prompts {bad} diverged from target greedy"

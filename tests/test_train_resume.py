@@ -1,0 +1,104 @@
+"""Training bookkeeping: resume after a kill gives the same weights; dump-then-train equals
+in-process training; checkpoints refuse damaged files."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import splitserve.train.loop as loop
+from splitserve.config import DataConfig, DraftConfig, DumpConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
+from splitserve.models.io import load_draft
+from splitserve.target.hf import load_hf_target
+from splitserve.train.checkpoint import CheckpointError, latest_checkpoint
+
+SAMPLE_CHAT = str(Path(__file__).resolve().parents[1] / "data" / "sample_chat.jsonl")
+
+
+def _cfg(tiny_smol_dir, run_dir, **train_kw):
+    return RunConfig(
+        target=TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), layer_ids=[0, 1, 2]),
+        draft=DraftConfig(num_layers=1, block_size=4, markov_rank=4, intermediate_size=32),
+        data=DataConfig(train_path=SAMPLE_CHAT, max_length=64),
+        train=TrainConfig(**{"max_steps": 6, "batch_size": 2, "anchors_per_seq": 4, "save_every": 3,
+                             "log_every": 1, "device": "cpu", **train_kw}),
+        eval=EvalConfig(enabled=False),
+        run_dir=str(run_dir),
+    )
+
+
+def _weights(draft):
+    return {k: v.clone() for k, v in draft.trainable_state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def tiny_smol_target(tiny_smol_dir):
+    return load_hf_target(TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), layer_ids=[0, 1, 2], device="cpu"))
+
+
+class Killed(Exception):
+    pass
+
+
+def test_resume_after_kill_matches_uninterrupted(tiny_smol_dir, tiny_smol_target, tmp_path, monkeypatch):
+    full = loop.train(_cfg(tiny_smol_dir, tmp_path / "full"), tiny_smol_target)
+    assert full.state.step == 6 and full.state.finished
+
+    real_save = loop.save_checkpoint
+
+    def save_then_die(run_dir, draft, opt, sched, state, **kw):
+        path = real_save(run_dir, draft, opt, sched, state, **kw)
+        if state.step == 3:
+            raise Killed()
+        return path
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
+    with pytest.raises(Killed):
+        loop.train(_cfg(tiny_smol_dir, tmp_path / "killed"), tiny_smol_target)
+    monkeypatch.setattr(loop, "save_checkpoint", real_save)
+    assert latest_checkpoint(tmp_path / "killed").name == "step_0000003"
+    resumed = loop.train(_cfg(tiny_smol_dir, tmp_path / "killed"), tiny_smol_target)
+    assert resumed.state.step == 6
+    a, b = _weights(full.draft), _weights(resumed.draft)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    # The loss curve after the resume point is the same too.
+    def losses(p):
+        rows = [json.loads(line) for line in (p / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"], r["ce"], r["tv"], r["conf"]) for r in rows]
+
+    assert losses(tmp_path / "full")[-3:] == losses(tmp_path / "killed")[-3:]
+
+
+def test_finished_run_is_not_trained_again(tiny_smol_dir, tiny_smol_target, tmp_path):
+    cfg = _cfg(tiny_smol_dir, tmp_path / "run", max_steps=2)
+    first = loop.train(cfg, tiny_smol_target)
+    again = loop.train(cfg, tiny_smol_target)
+    assert again.state.step == first.state.step == 2
+    for k, v in _weights(first.draft).items():
+        torch.testing.assert_close(v, _weights(again.draft)[k])
+
+
+def test_dump_then_train_equals_in_process(tiny_smol_dir, tiny_smol_target, tmp_path):
+    from splitserve.offline.capture import run_dump
+
+    online = loop.train(_cfg(tiny_smol_dir, tmp_path / "online"), tiny_smol_target)
+    cfg = _cfg(tiny_smol_dir, tmp_path / "offline")
+    cfg.dump = DumpConfig(out_dir=str(tmp_path / "dump"), shard_tokens=200, dtype="float32")
+    run_dump(cfg, tiny_smol_target)
+    cfg.data = replace(cfg.data, dump_dir=str(tmp_path / "dump"))
+    offline = loop.train(cfg, tiny_smol_target)
+    for k, v in _weights(online.draft).items():
+        torch.testing.assert_close(v, _weights(offline.draft)[k], rtol=0, atol=0)
+
+
+def test_truncated_checkpoint_is_a_clear_error(tiny_smol_dir, tiny_smol_target, tmp_path):
+    cfg = _cfg(tiny_smol_dir, tmp_path / "run", max_steps=1)
+    loop.train(cfg, tiny_smol_target)
+    f = latest_checkpoint(tmp_path / "run") / "draft.safetensors"
+    f.write_bytes(f.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="draft.safetensors"):
+        load_draft(tmp_path / "run", tiny_smol_target)
