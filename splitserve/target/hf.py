@@ -6,6 +6,7 @@ sequence costs m+1 (T, D) tensors, not N+1. Logits are computed only where asked
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -33,6 +34,9 @@ class HFTarget:
         self.info = info
         self.tokenizer = tokenizer
         self.decoder = model.get_decoder()
+        # transformers renamed `past_key_values` to `cache` (5.x); accept either version.
+        params = inspect.signature(self.decoder.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._captured: dict[int, torch.Tensor] = {}
         for layer_id in info.layer_ids:
             self.decoder.layers[layer_id].register_forward_hook(self._hook(layer_id))
@@ -79,7 +83,7 @@ class HFTarget:
         self, input_ids: torch.Tensor, cache: Any, logits_from: int = 0
     ) -> tuple[torch.Tensor, Capture]:
         """input_ids: (1, T) appended to cache -> logits (1, T - logits_from, V), aux (1, T, m*D)."""
-        out = self.decoder(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        out = self.decoder(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache})
         hidden = out.last_hidden_state[:, logits_from:]
         logits = self.model.get_output_embeddings()(hidden).float()
         return logits, Capture(aux=self._take_aux(), final=None)
