@@ -34,6 +34,7 @@ def test_train_eval_export_eval(tiny_smol_dir, tmp_path):
     assert (run_dir / "config.yaml").exists() and (run_dir / "metrics.jsonl").exists()
     report = json.loads((run_dir / "eval.json").read_text())
     assert report["trained"]["exact_matches"] == 3 and "untrained" in report
+    assert (run_dir / "eval.md").exists() and (run_dir / "acceptance.png").stat().st_size > 1000
 
     run("export", str(run_dir), str(tmp_path / "export"), "--target", str(tiny_smol_dir))
     res = run("eval", "--draft", str(tmp_path / "export"), "--target", str(tiny_smol_dir),

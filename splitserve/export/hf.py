@@ -8,12 +8,21 @@ one block (teacher-forced), which the round-trip test compares.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
 from splitserve.models.dspark import DSparkArch, DSparkDraft
 
 MODEL_TYPE = "dspark"
+# DSparkArch field -> config.json key, where HF naming conventions differ.
+_HF_NAME = {
+    "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "target_num_layers": "num_target_layers",
+}
 ARCHITECTURE = "DSparkDraftModel"
 
 
@@ -68,47 +77,14 @@ class DSparkConfig(PretrainedConfig):
 
     @classmethod
     def from_arch(cls, arch: DSparkArch) -> "DSparkConfig":
-        return cls(
-            vocab_size=arch.vocab_size,
-            hidden_size=arch.hidden_size,
-            num_hidden_layers=arch.num_layers,
-            num_attention_heads=arch.num_heads,
-            num_key_value_heads=arch.num_kv_heads,
-            head_dim=arch.head_dim,
-            intermediate_size=arch.intermediate_size,
-            rms_norm_eps=arch.rms_norm_eps,
-            rope_theta=arch.rope_theta,
-            block_size=arch.block_size,
-            mask_token_id=arch.mask_token_id,
-            target_layer_ids=list(arch.target_layer_ids),
-            markov_rank=arch.markov_rank,
-            markov_head_type=arch.markov_head_type,
-            enable_confidence_head=arch.enable_confidence_head,
-            target_name=arch.target_name,
-            num_target_layers=arch.target_num_layers,
-            architectures=[ARCHITECTURE],
-        )
+        kwargs = {_HF_NAME.get(f.name, f.name): getattr(arch, f.name) for f in fields(DSparkArch)}
+        kwargs["target_layer_ids"] = list(arch.target_layer_ids)
+        return cls(architectures=[ARCHITECTURE], **kwargs)
 
     def to_arch(self) -> DSparkArch:
-        return DSparkArch(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            num_layers=self.num_hidden_layers,
-            num_heads=self.num_attention_heads,
-            num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            intermediate_size=self.intermediate_size,
-            rms_norm_eps=self.rms_norm_eps,
-            rope_theta=self.rope_theta,
-            block_size=self.block_size,
-            mask_token_id=self.mask_token_id,
-            target_layer_ids=tuple(self.target_layer_ids),
-            markov_rank=self.markov_rank,
-            markov_head_type=self.markov_head_type,
-            enable_confidence_head=self.enable_confidence_head,
-            target_name=self.target_name,
-            target_num_layers=self.num_target_layers,
-        )
+        kwargs = {f.name: getattr(self, _HF_NAME.get(f.name, f.name)) for f in fields(DSparkArch)}
+        kwargs["target_layer_ids"] = tuple(kwargs["target_layer_ids"])
+        return DSparkArch(**kwargs)
 
 
 class DSparkDraftModel(PreTrainedModel):

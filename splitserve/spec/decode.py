@@ -61,7 +61,7 @@ class SpecDecoder:
         prompt = torch.tensor([prompt_ids], device=dev)
         logits, cap = self.target.forward_cached(prompt, cache, logits_from=prompt.shape[1] - 1)
         ctx_kv = self._append_ctx(None, cap.aux, 0)
-        anchor = self._pick(logits[0, -1], temperature, generator)
+        anchor = pick_token(logits[0, -1], temperature, generator)
         out, accepts = [int(anchor)], []
         p = len(prompt_ids)  # position of the anchor
         while True:
@@ -86,10 +86,13 @@ class SpecDecoder:
             accepts.append(n_acc)
             anchor, p = bonus, p + n_acc + 1
 
-    def _pick(self, logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
-        if temperature > 0:
-            return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[0]
-        return logits.argmax(-1)
+
+
+def pick_token(logits: torch.Tensor, temperature: float, generator=None) -> torch.Tensor:
+    """logits: (V,) -> () argmax at T=0, else a sample from softmax(logits / T)."""
+    if temperature > 0:
+        return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[0]
+    return logits.argmax(-1)
 
 
 @torch.no_grad()
@@ -108,11 +111,7 @@ def target_decode(
     out: list[int] = []
     for _ in range(max_new_tokens):
         logits, _ = target.forward_cached(inp, cache, logits_from=inp.shape[1] - 1)
-        last = logits[0, -1]
-        if temperature > 0:
-            tok = torch.multinomial(torch.softmax(last / temperature, -1), 1, generator=generator)[0]
-        else:
-            tok = last.argmax(-1)
+        tok = pick_token(logits[0, -1], temperature, generator)
         out.append(int(tok))
         if out[-1] in eos_ids:
             break

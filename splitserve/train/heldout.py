@@ -10,6 +10,7 @@ import torch
 from splitserve.config import RunConfig
 from splitserve.models.build import build_draft
 from splitserve.spec.evaluate import EvalReport, evaluate, format_reports
+from splitserve.spec.plots import plot_acceptance
 
 
 def load_prompt_ids(name_or_path: str, tokenizer, limit: int | None) -> list[list[int]]:
@@ -48,5 +49,6 @@ def evaluate_run(cfg: RunConfig, target, draft) -> dict[str, EvalReport]:
               f"{ev.max_new_tokens} new tokens, T={ev.temperature}, γ={draft.arch.block_size}, "
               f"target {target.info.name}\n\n")
     (run_dir / "eval.md").write_text(header + table + "\n")
+    plot_acceptance(reports, run_dir / "acceptance.png", f"{target.info.name}, γ={draft.arch.block_size}, held-out")
     print("\n" + header + table)
     return reports
