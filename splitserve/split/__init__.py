@@ -7,13 +7,10 @@ from splitserve.split.channel import (
     ChannelSpec,
     ChannelStats,
     ConsumerStopped,
-    DumpChannel,
-    FanInChannel,
-    FanOutChannel,
-    LocalChannel,
-    P2PChannel,
     ProducerError,
 )
+from splitserve.split.local import DumpChannel, LocalChannel
+from splitserve.split.p2p import FanInChannel, FanOutChannel, P2PChannel
 from splitserve.split.wire import Header, Kind, WireError, WireVersionError, decode, encode
 
 __all__ = [
