@@ -1,0 +1,115 @@
+"""Per-role cost of split training on one GPU, SmolLM2-135M shape with random weights.
+
+    python bench/roles_gpu.py [--tokens 8192] [--anchors 512] [--gamma 8 16] [--out DIR]
+
+Target role: one capture (m captured layers + final hidden state) of a T-token sequence.
+Draft role: one training step (forward + backward + AdamW) on that record with N anchors.
+Also the device's raw copy bandwidth, for scale. Step time does not depend on weight values,
+so random weights of the real shapes give real timings (no checkpoint has to travel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from splitserve.config import DraftConfig, LossConfig, TargetConfig
+from splitserve.models.build import build_draft, resolve_arch
+from splitserve.records import HiddenRecord
+from splitserve.target.hf import wrap_hf_model
+from splitserve.train.step import collate, draft_loss
+
+
+def smollm2_shape():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=16384,
+                       rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)
+
+
+def timed(fn, reps: int) -> float:
+    """Median seconds of fn() over reps, with CUDA events."""
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth() -> float:
+    x = torch.randn(1 << 28, device="cuda")  # 1 GiB
+    y = torch.empty_like(x)
+    t = timed(lambda: y.copy_(x), 10)
+    return 2 * x.numel() * 4 / t / 1e9  # GB/s, bytes read + written
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--anchors", type=int, default=512)
+    ap.add_argument("--gamma", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    model = LlamaForCausalLM(smollm2_shape()).to(dev, torch.bfloat16)
+    target = wrap_hf_model(model, TargetConfig(name="smollm2-shape", dtype="bfloat16"))
+    ids = torch.randint(0, 49152, (1, args.tokens), device=dev)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": args.tokens,
+              "copy_GBps": round(copy_bandwidth(), 1)}
+
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    target.capture(ids)
+    t_cap = timed(lambda: target.capture(ids), 5)
+    cap = target.capture(ids)
+    result["target"] = {"capture_s": t_cap, "tokens_per_s": args.tokens / t_cap,
+                        "peak_GiB_above_weights": (torch.cuda.max_memory_allocated() - base) / 2**30,
+                        "record_MB_bf16": (cap.aux.numel() + cap.final.numel()) * 2 / 1e6}
+    loss_mask = torch.ones(args.tokens, dtype=torch.bool)
+    rec = HiddenRecord(0, ids[0].cpu(), loss_mask, cap.aux[0].float().cpu(), cap.final[0].float().cpu())
+    del cap
+    for gamma in args.gamma:
+        arch = resolve_arch(DraftConfig(num_layers=5, block_size=gamma, mask_token_id=16), target.info, model.config)
+        draft = build_draft(arch, target).to(torch.bfloat16)
+        params = [p for p in draft.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=1e-4)
+        batch = collate([rec], dev, torch.bfloat16)
+        gen = torch.Generator().manual_seed(0)
+
+        def step():
+            out, _ = draft_loss(draft, batch, args.anchors, LossConfig(), gen)
+            opt.zero_grad(set_to_none=True)
+            out.total.backward()
+            opt.step()
+
+        step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        t_step = timed(step, 5)
+        result[f"draft_gamma{gamma}"] = {
+            "layers": 5, "anchors": args.anchors, "block_positions": args.anchors * gamma, "step_s": t_step,
+            "record_tokens_per_s": args.tokens / t_step,
+            "peak_GiB_above_model": (torch.cuda.max_memory_allocated() - before) / 2**30,
+        }
+        del draft, opt, batch
+        torch.cuda.empty_cache()
+    print(json.dumps(result, indent=1))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "roles_gpu.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
