@@ -1,0 +1,45 @@
+"""Train the quickstart draft on a GPU for a few minutes, then measure held-out τ.
+
+    python bench/gpu_train_smollm2.py --train TRAIN.jsonl --prompts PROMPTS.jsonl \
+        --minutes 5 --out OUT_DIR [--gamma 8] [--layers 2]
+
+The same code path as `splitserve train experiment=quickstart` (in-process target, paper
+loss, held-out evaluation next to an untrained draft), without Hydra so that it runs on a
+machine with only torch and transformers; the target is the embedded SmolLM2-135M-Instruct.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from splitserve.config import DataConfig, DraftConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
+from splitserve.train.heldout import evaluate_run
+from splitserve.train.loop import train
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--minutes", type=float, default=5)
+    ap.add_argument("--gamma", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--max-samples", type=int, default=None)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    cfg = RunConfig(
+        target=TargetConfig(),
+        draft=DraftConfig(name=f"dspark_b{args.gamma}", block_size=args.gamma, num_layers=args.layers),
+        data=DataConfig(train_path=args.train, heldout_prompts=args.prompts, max_length=1024,
+                        max_samples=args.max_samples),
+        train=TrainConfig(max_steps=100000, max_minutes=args.minutes, batch_size=16, anchors_per_seq=64,
+                          lr=1e-3, warmup_steps=50, log_every=50, save_every=100000),
+        eval=EvalConfig(num_prompts=40, max_new_tokens=96),
+        run_dir=args.out,
+    )
+    result = train(cfg)
+    evaluate_run(cfg, result.target, result.draft)
+
+
+if __name__ == "__main__":
+    main()
