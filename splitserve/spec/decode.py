@@ -87,7 +87,6 @@ class SpecDecoder:
             anchor, p = bonus, p + n_acc + 1
 
 
-
 def pick_token(logits: torch.Tensor, temperature: float, generator=None) -> torch.Tensor:
     """logits: (V,) -> () argmax at T=0, else a sample from softmax(logits / T)."""
     if temperature > 0:

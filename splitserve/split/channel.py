@@ -20,11 +20,7 @@ from typing import Literal, Protocol
 import torch
 
 from splitserve.records import HiddenRecord
-from splitserve.split.wire import (
-    Header,
-    Kind,
-    WireError,
-)
+from splitserve.split.wire import Header, Kind, WireError
 
 Role = Literal["producer", "consumer"]
 

@@ -10,18 +10,14 @@ from dataclasses import replace
 from time import perf_counter
 from typing import Protocol
 
-
 from splitserve.records import HiddenRecord
-from splitserve.split.wire import (
-    Kind,
-)
-
 from splitserve.split.channel import (
     ChannelStats,
     ConsumerStopped,
     ProducerError,
     record_nbytes,
 )
+from splitserve.split.wire import Kind
 
 
 class _Marker:

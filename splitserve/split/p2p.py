@@ -13,6 +13,15 @@ import torch
 import torch.distributed as dist
 
 from splitserve.records import HiddenRecord
+from splitserve.split.channel import (
+    ChannelClosed,
+    ChannelMismatch,
+    ChannelSpec,
+    ChannelStats,
+    ConsumerStopped,
+    ProducerError,
+    Role,
+)
 from splitserve.split.wire import (
     HEADER_LEN,
     HEADER_NBYTES,
@@ -26,17 +35,6 @@ from splitserve.split.wire import (
     payload_nbytes,
     payload_shapes,
 )
-
-from splitserve.split.channel import (
-    ChannelClosed,
-    ChannelMismatch,
-    ChannelSpec,
-    ChannelStats,
-    ConsumerStopped,
-    ProducerError,
-    Role,
-)
-
 
 # Tag offsets inside one channel. Each direction has a fixed message order, so the tags are a
 # second guard (gloo matches on them; NCCL ignores them and relies on the order alone).
