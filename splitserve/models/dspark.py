@@ -159,21 +159,26 @@ class DSparkDraft(nn.Module):
         self,
         ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
         anchor_id: torch.Tensor,
-        anchor_pos: int,
+        anchor_pos: int | torch.Tensor,
         temperature: float = 0.0,
         generator: torch.Generator | None = None,
+        ctx_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Draft γ tokens after the anchor.
 
-        ctx_kv: cached context K/V of every committed position before the anchor (batch 1).
+        ctx_kv: context K/V (batch 1), each (1, Hkv, C, hd).
         anchor_id: () the last token the target produced (not yet seen by the target).
+        anchor_pos: its position, an int or a () device tensor (static serving: no host sync).
+        ctx_mask: None when ctx_kv holds exactly the committed positions before the anchor;
+        else (1, 1, γ, C+γ) bool, which context slots the block may see (a preallocated
+        context buffer holds stale and unwritten slots too).
         Returns tokens (γ,), draft probabilities (γ, V) at this temperature (None when greedy),
         confidence c_k (γ,) or None.
         """
         gamma = self.arch.block_size
         block_ids = self.block_inputs(anchor_id.view(1))  # (1, γ)
-        pos = torch.arange(anchor_pos, anchor_pos + gamma, device=block_ids.device)[None]
-        h = self.backbone(block_ids, pos, ctx_kv, None)[0]  # (γ, D): the block sees all context
+        pos = (anchor_pos + torch.arange(gamma, device=block_ids.device))[None]  # (1, γ)
+        h = self.backbone(block_ids, pos, ctx_kv, ctx_mask)[0]  # (γ, D)
         base = self.lm_head(h)  # (γ, V): U_k, computed in parallel
         tokens = anchor_id.new_empty(gamma)
         probs = [] if temperature > 0 else None

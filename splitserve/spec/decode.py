@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from splitserve.models.dspark import DSparkDraft
-from splitserve.spec.verify import greedy_verify, sampling_verify
+from splitserve.spec.context import DynamicDraftContext
+from splitserve.spec.verify import verify_block
 
 
 @dataclass
@@ -38,14 +39,6 @@ class SpecDecoder:
         self.target, self.draft = target, draft
         self.gamma = draft.arch.block_size
 
-    def _append_ctx(self, ctx_kv, aux: torch.Tensor, start: int):
-        # aux: (1, L, m*D) for positions start .. start+L-1 -> concat onto each layer's K/V.
-        pos = torch.arange(start, start + aux.shape[1], device=aux.device)[None]
-        new = self.draft.context_kv(aux, pos)
-        if ctx_kv is None:
-            return new
-        return [(torch.cat([k, nk], 2), torch.cat([v, nv], 2)) for (k, v), (nk, nv) in zip(ctx_kv, new)]
-
     @torch.no_grad()
     def generate(
         self,
@@ -60,7 +53,8 @@ class SpecDecoder:
         cache = self.target.new_cache()
         prompt = torch.tensor([prompt_ids], device=dev)
         logits, cap = self.target.forward_cached(prompt, cache, logits_from=prompt.shape[1] - 1)
-        ctx_kv = self._append_ctx(None, cap.aux, 0)
+        ctx = DynamicDraftContext(self.draft)
+        ctx.append(cap.aux, 0)
         anchor = pick_token(logits[0, -1], temperature, generator)
         out, accepts = [int(anchor)], []
         p = len(prompt_ids)  # position of the anchor
@@ -68,20 +62,13 @@ class SpecDecoder:
             out, done = _stop_at(out, eos_ids, max_new_tokens)
             if done:
                 return SpecResult(out, accepts)
-            d_tok, d_prob, _ = self.draft.draft(ctx_kv, anchor, p, temperature, generator)
+            d_tok, d_prob, _ = self.draft.draft(ctx.kv, anchor, p, temperature, generator)
             verify_in = torch.cat([anchor.view(1), d_tok])[None]  # (1, γ+1)
             logits, cap = self.target.forward_cached(verify_in, cache)
-            q_logits = logits[0]  # (γ+1, V)
-            if temperature > 0:
-                q = torch.softmax(q_logits / temperature, dim=-1)
-                u = torch.rand(self.gamma, device=dev, generator=generator)
-                e = torch.empty(q.shape[-1], device=dev).exponential_(generator=generator)
-                n, bonus = sampling_verify(d_tok, d_prob, q, u, e)
-            else:
-                n, bonus = greedy_verify(d_tok, q_logits)
+            n, bonus = verify_block(d_tok, d_prob, logits[0], temperature, generator)
             n_acc = int(n)  # the one host read per round: how many tokens to commit
             self.target.crop_cache(cache, p + n_acc + 1)
-            ctx_kv = self._append_ctx(ctx_kv, cap.aux[:, : n_acc + 1], p)
+            ctx.append(cap.aux[:, : n_acc + 1], p)
             out += d_tok[:n_acc].tolist() + [int(bonus)]
             accepts.append(n_acc)
             anchor, p = bonus, p + n_acc + 1

@@ -53,3 +53,27 @@ def sampling_verify(
     # Exponential-race sampling: argmax r / e with e ~ Exp(1) draws from r / sum(r).
     nxt = (residual / residual_noise).argmax()
     return n, nxt
+
+
+def verify_block(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    temperature: float,
+    generator: torch.Generator | None = None,
+    greedy=greedy_verify,
+    sampling=sampling_verify,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One round's verification on the device: (n_accepted (), next token ()).
+
+    draft_tokens (γ,), draft_probs (γ, V) or None when greedy, target_logits (γ+1, V).
+    At T>0 the target logits become q = softmax(logits / T) and the random numbers are drawn
+    here, in a fixed order, so every caller consumes its generator the same way.
+    `greedy` / `sampling` swap in faster implementations of the same signatures (kernels/).
+    """
+    if temperature > 0:
+        q = torch.softmax(target_logits / temperature, dim=-1)
+        u = torch.rand(draft_tokens.shape[0], device=q.device, generator=generator)
+        e = torch.empty(q.shape[-1], device=q.device).exponential_(generator=generator)
+        return sampling(draft_tokens, draft_probs, q, u, e)
+    return greedy(draft_tokens, target_logits)

@@ -61,3 +61,16 @@ class TargetBackend(Protocol):
 
     def crop_cache(self, cache: Any, length: int) -> None:
         """Drop cached positions >= length (rejected draft tokens)."""
+
+    def new_static_cache(self, max_len: int) -> Any:
+        """A preallocated cache of `max_len` positions for `forward_static` (serving)."""
+
+    def forward_static(
+        self, input_ids: torch.Tensor, cache: Any, positions: torch.Tensor, logits_from: int = 0
+    ) -> tuple[torch.Tensor, Capture]:
+        """Static-shape forward: input_ids (1, T) written at `positions` (T,), a device tensor.
+
+        Each token sees the cache below positions[0] and the new tokens up to itself, so a
+        rejected draft is rewound by starting the next forward at a lower position. Returns
+        logits (1, T - logits_from, V) and the capture (aux only) of all T positions.
+        """

@@ -16,6 +16,7 @@ from splitserve.assets import resolve_target_path
 from splitserve.config import TargetConfig
 from splitserve.target.backend import Capture, TargetInfo
 from splitserve.target.layers import check_layer_ids, default_layer_ids
+from splitserve.target.static_cache import StaticKVCache, visible_mask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -92,6 +93,33 @@ class HFTarget:
         excess = cache.get_seq_length() - length
         if excess > 0:
             cache.crop(-excess)
+
+    # ---- static-shape decoding (serving) --------------------------------------------------
+
+    def new_static_cache(self, max_len: int) -> StaticKVCache:
+        impl = getattr(self.model.config, "_attn_implementation", "sdpa")
+        if impl not in ("sdpa", "eager"):
+            raise ValueError(f"static decoding needs attn_implementation 'sdpa' or 'eager' (a 4D mask), got {impl!r}")
+        return StaticKVCache(self.info.num_layers, max_len)
+
+    @torch.no_grad()
+    def forward_static(
+        self, input_ids: torch.Tensor, cache: StaticKVCache, positions: torch.Tensor, logits_from: int = 0
+    ) -> tuple[torch.Tensor, Capture]:
+        """input_ids: (1, T) written at `positions` (T,) of a static cache -> logits
+        (1, T - logits_from, V) float32, aux (1, T, m*D). No host sync: positions and the mask
+        are device tensors, every shape depends only on T and the cache size."""
+        cache.bind(positions)
+        mask = visible_mask(positions, cache.max_len)  # (1, 1, T, L) bool
+        if self.model.config._attn_implementation == "eager":  # eager adds the mask to the scores
+            mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(self.dtype).min
+            )
+        out = self.decoder(input_ids=input_ids, position_ids=positions[None], attention_mask=mask, use_cache=True,
+                           **{self._cache_kw: cache})
+        hidden = out.last_hidden_state[:, logits_from:]
+        logits = self.model.get_output_embeddings()(hidden).float()
+        return logits, Capture(aux=self._take_aux(), final=None)
 
 
 def load_tokenizer(path: str):

@@ -1,0 +1,58 @@
+"""A preallocated target KV cache for serving: fixed size, written in place, rewound by a number.
+
+Why not transformers' StaticCache: its write position is a per-layer counter that advances on
+every update and is cropped by a Python int, so rewinding after a rejection either syncs the
+host or reaches into private attributes that change between releases. Here the caller says
+where each new token goes (`bind(positions)`, a device tensor) and the attention mask says what
+is visible, so "rewind" is just a smaller committed length in the next round's positions: the
+stale entries beyond it are masked out and later overwritten. Every shape is fixed by
+`max_len`, which is what a CUDA graph needs.
+
+Duck-typed to the transformers cache protocol (`update(k, v, layer_idx, ...)`), so any HF
+decoder that calls `cache.update` inside its attention works unchanged.
+Glossary: T new tokens, L capacity (max_len), Hkv key/value heads, hd head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class StaticKVCache:
+    is_compileable = True  # read by some transformers code paths; the buffers never move
+
+    def __init__(self, num_layers: int, max_len: int):
+        self.max_len = max_len
+        self.keys: list[torch.Tensor | None] = [None] * num_layers  # each (1, Hkv, L, hd)
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self._positions: torch.Tensor | None = None
+
+    def bind(self, positions: torch.Tensor) -> None:
+        """positions: (T,) long, where the next forward's T tokens are written."""
+        self._positions = positions
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """key, value: (1, Hkv, T, hd) -> the whole buffers (1, Hkv, L, hd); the mask hides
+        positions that are not committed and not part of this forward."""
+        if self.keys[layer_idx] is None:  # first (prefill) call sizes the buffers
+            shape = (*key.shape[:2], self.max_len, key.shape[-1])
+            self.keys[layer_idx] = key.new_zeros(shape)
+            self.values[layer_idx] = value.new_zeros((*shape[:3], value.shape[-1]))
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        k_buf.index_copy_(2, self._positions, key.to(k_buf.dtype))
+        v_buf.index_copy_(2, self._positions, value.to(v_buf.dtype))
+        return k_buf, v_buf
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        # Positions are always passed explicitly; nothing should derive them from the cache.
+        raise RuntimeError("StaticKVCache has no host-side length: pass position_ids explicitly")
+
+
+def visible_mask(positions: torch.Tensor, max_len: int) -> torch.Tensor:
+    """positions: (T,) absolute positions of the new tokens -> (1, 1, T, L) bool.
+
+    Query i sees cache slot j iff j <= positions[i]: the committed prefix (< positions[0]) plus
+    the new tokens up to itself. Stale slots from rejected drafts are all above and stay hidden.
+    """
+    slots = torch.arange(max_len, device=positions.device)
+    return (slots[None, :] <= positions[:, None])[None, None]
