@@ -1,0 +1,1 @@
+"""GPU kernels, each with a plain-PyTorch reference of the same signature."""

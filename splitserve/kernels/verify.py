@@ -1,0 +1,147 @@
+"""Verification kernels: the accept/reject step of one speculative round in one or two launches.
+
+The PyTorch reference is `splitserve/spec/verify.py`; every function here has the same
+signature and returns the same values (tests/test_kernel_verify.py checks it, on CUDA or under
+TRITON_INTERPRET=1). `greedy_verify` / `sampling_verify` below dispatch: Triton on CUDA tensors
+when triton is importable, the reference otherwise, so callers never branch. Triton is an
+optional dependency (it comes with CUDA builds of torch).
+
+Why a kernel: the reference runs ~6 small ops over (γ+1, V) logits; the kernel reads them once,
+and everything stays on the device either way (no .item()).
+Glossary: γ block size, V vocab.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from splitserve.spec import verify as reference
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # CPU-only installs
+    HAS_TRITON = False
+
+BLOCK_V = 1024
+
+
+def triton_usable(t: torch.Tensor) -> bool:
+    return HAS_TRITON and t.is_cuda
+
+
+def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """draft_tokens (γ,), target_logits (γ+1, V) -> (n_accepted (), bonus ())."""
+    if triton_usable(target_logits):
+        return greedy_verify_triton(draft_tokens, target_logits)
+    return reference.greedy_verify(draft_tokens, target_logits)
+
+
+def sampling_verify(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    uniform: torch.Tensor,
+    residual_noise: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rejection sampling, same arguments as the reference -> (n_accepted (), next token ())."""
+    if triton_usable(target_probs):
+        return sampling_verify_triton(draft_tokens, draft_probs, target_probs, uniform, residual_noise)
+    return reference.sampling_verify(draft_tokens, draft_probs, target_probs, uniform, residual_noise)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _greedy_kernel(logits_ptr, stride_row, V, draft_ptr, gamma, argmax_ptr, first_miss_ptr,
+                       BLOCK: tl.constexpr):
+        # One program per verify row r = 0..γ: argmax over V in tiles (first index on ties,
+        # like torch.argmax), then row r < γ votes "first mismatch" with an atomic min.
+        row = tl.program_id(0)
+        best_val = tl.full([], float("-inf"), tl.float32)
+        best_idx = tl.zeros([], dtype=tl.int32)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(logits_ptr + row * stride_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            tile_max = tl.max(x, 0)
+            tile_idx = tl.argmax(x, 0, tie_break_left=True).to(tl.int32) + start
+            better = tile_max > best_val  # strict: an earlier tile keeps ties
+            best_idx = tl.where(better, tile_idx, best_idx)
+            best_val = tl.where(better, tile_max, best_val)
+        tl.store(argmax_ptr + row, best_idx)
+        if row < gamma:
+            d = tl.load(draft_ptr + row).to(tl.int32)
+            if d != best_idx:
+                tl.atomic_min(first_miss_ptr, row)
+
+    @triton.jit
+    def _sampling_kernel(draft_ptr, p_ptr, q_ptr, u_ptr, e_ptr, out_ptr, gamma, V, stride_p, stride_q,
+                         G: tl.constexpr, BLOCK: tl.constexpr):
+        # One program. Accept tests for k = 0..γ-1: u_k p_k(d_k) < q_k(d_k); n = first failure.
+        k = tl.arange(0, G)
+        valid = k < gamma
+        d = tl.load(draft_ptr + k, mask=valid, other=0)
+        pk = tl.load(p_ptr + k * stride_p + d, mask=valid, other=0.0)
+        qk = tl.load(q_ptr + k * stride_q + d, mask=valid, other=0.0)
+        u = tl.load(u_ptr + k, mask=valid, other=1.0)
+        rejected = valid & (u * pk >= qk)
+        n = tl.min(tl.where(rejected, k, gamma), 0)
+        # p_{γ+1} = 0: after a full accept the draw is from q_γ itself. Row γ of p does not
+        # exist, so read row γ-1 and zero it.
+        p_row = tl.minimum(n, gamma - 1)
+        p_scale = (n < gamma).to(tl.float32)
+        # Next token: exponential race over r = max(0, q_n - p_n), or over q_n if r is empty.
+        r_best = tl.full([], -1.0, tl.float32)
+        r_idx = tl.zeros([], dtype=tl.int32)
+        q_best = tl.full([], -1.0, tl.float32)
+        q_idx = tl.zeros([], dtype=tl.int32)
+        r_sum = tl.zeros([], dtype=tl.float32)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            inside = offs < V
+            q = tl.load(q_ptr + n * stride_q + offs, mask=inside, other=0.0).to(tl.float32)
+            p = tl.load(p_ptr + p_row * stride_p + offs, mask=inside, other=0.0).to(tl.float32) * p_scale
+            e = tl.load(e_ptr + offs, mask=inside, other=1.0).to(tl.float32)
+            r = tl.maximum(q - p, 0.0)
+            r_sum += tl.sum(r, 0)
+            # div_rn: IEEE division like torch (plain / is approximate on NVIDIA GPUs)
+            sr = tl.where(inside, tl.math.div_rn(r, e), -1.0)
+            sq = tl.where(inside, tl.math.div_rn(q, e), -1.0)
+            sr_max, sq_max = tl.max(sr, 0), tl.max(sq, 0)
+            sr_idx = tl.argmax(sr, 0, tie_break_left=True).to(tl.int32) + start
+            sq_idx = tl.argmax(sq, 0, tie_break_left=True).to(tl.int32) + start
+            r_idx = tl.where(sr_max > r_best, sr_idx, r_idx)
+            r_best = tl.maximum(sr_max, r_best)
+            q_idx = tl.where(sq_max > q_best, sq_idx, q_idx)
+            q_best = tl.maximum(sq_max, q_best)
+        tl.store(out_ptr, n.to(tl.int64))
+        tl.store(out_ptr + 1, tl.where(r_sum > 0, r_idx, q_idx).to(tl.int64))
+
+
+def greedy_verify_triton(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, vocab = target_logits.shape  # γ+1, V
+    logits = target_logits.contiguous()
+    argmax = torch.empty(rows, dtype=torch.int32, device=logits.device)
+    first_miss = torch.full((1,), rows - 1, dtype=torch.int32, device=logits.device)  # γ: all accepted
+    _greedy_kernel[(rows,)](logits, logits.stride(0), vocab, draft_tokens.contiguous(), rows - 1, argmax,
+                            first_miss, BLOCK=BLOCK_V)
+    n = first_miss[0].long()
+    return n, argmax.long()[n]
+
+
+def sampling_verify_triton(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    uniform: torch.Tensor,
+    residual_noise: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    gamma, vocab = draft_probs.shape
+    p, q = draft_probs.float().contiguous(), target_probs.float().contiguous()
+    out = torch.empty(2, dtype=torch.int64, device=q.device)
+    _sampling_kernel[(1,)](draft_tokens.contiguous(), p, q, uniform.float().contiguous(),
+                           residual_noise.float().contiguous(), out, gamma, vocab, p.stride(0), q.stride(0),
+                           G=triton.next_power_of_2(max(gamma, 2)), BLOCK=BLOCK_V)
+    return out[0], out[1]

@@ -1,0 +1,64 @@
+"""Triton verify kernels agree with the PyTorch reference (spec/verify.py) exactly.
+
+Runs on CUDA, or on the CPU under TRITON_INTERPRET=1 when triton is installed; skipped otherwise.
+"""
+
+import os
+
+import pytest
+import torch
+
+from splitserve.spec import verify as ref
+
+kernels = pytest.importorskip("splitserve.kernels.verify")
+if not kernels.HAS_TRITON:
+    pytest.skip("triton is not installed", allow_module_level=True)
+if torch.cuda.is_available():
+    DEV = torch.device("cuda")
+elif os.environ.get("TRITON_INTERPRET") == "1":
+    DEV = torch.device("cpu")
+else:
+    pytest.skip("needs CUDA (or TRITON_INTERPRET=1 to run the kernels on the CPU)", allow_module_level=True)
+
+
+def _cases(seed: int, gamma: int, vocab: int):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(gamma + 1, vocab, generator=g) * 3
+    target_tokens = logits.argmax(-1)
+    # Draft tokens agree with the target on a random-length prefix, then (usually) disagree.
+    n_true = int(torch.randint(0, gamma + 1, (1,), generator=g))
+    draft = torch.randint(0, vocab, (gamma,), generator=g)
+    draft[:n_true] = target_tokens[:n_true]
+    return logits, draft
+
+
+@pytest.mark.parametrize("gamma, vocab", [(1, 7), (4, 100), (7, 3000), (8, 1024), (15, 2500)])
+def test_greedy_kernel_matches_reference(gamma, vocab):
+    for seed in range(6):
+        logits, draft = _cases(seed, gamma, vocab)
+        if seed == 0:  # exact ties across tiles: the first index must win, as in torch.argmax
+            logits[:, 5] = logits[:, -1] = logits.max() + 1
+        want = ref.greedy_verify(draft, logits)
+        got = kernels.greedy_verify_triton(draft.to(DEV), logits.to(DEV))
+        assert [int(x) for x in got] == [int(x) for x in want], (seed, got, want)
+
+
+@pytest.mark.parametrize("gamma, vocab", [(1, 5), (3, 64), (7, 3000), (16, 1500)])
+def test_sampling_kernel_matches_reference(gamma, vocab):
+    for seed in range(8):
+        g = torch.Generator().manual_seed(seed)
+        p = torch.softmax(torch.randn(gamma, vocab, generator=g) * 2, -1)
+        q = torch.softmax(torch.randn(gamma + 1, vocab, generator=g) * 2, -1)
+        if seed % 3 == 0:  # near-equal draft and target: long accepts and the q_γ draw
+            q[:gamma] = p
+        draft = torch.stack([torch.multinomial(p[k], 1, generator=g)[0] for k in range(gamma)])
+        u = torch.rand(gamma, generator=g)
+        e = torch.empty(vocab).exponential_(generator=g)
+        want = ref.sampling_verify(draft, p, q, u, e)
+        got = kernels.sampling_verify_triton(*(t.to(DEV) for t in (draft, p, q, u, e)))
+        assert [int(x) for x in got] == [int(x) for x in want], (seed, got, want)
+
+
+def test_dispatch_falls_back_to_reference_off_cuda():
+    logits, draft = _cases(0, 4, 50)
+    assert [int(x) for x in kernels.greedy_verify(draft, logits)] == [int(x) for x in ref.greedy_verify(draft, logits)]
