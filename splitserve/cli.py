@@ -4,9 +4,12 @@
     splitserve dump   [hydra overrides]   store the target's hidden states for offline training
     splitserve eval   --draft D [...]     speculative decoding against the real target
     splitserve export RUN_DIR OUT_DIR     Hugging Face checkpoint of a trained draft
+    splitserve gen    --out FILE [...]    regenerate a prompt set's assistant turns with the target
+    splitserve calibrate RUN_DIR          fit STS temperatures of the confidence head (calibration.json)
+    splitserve report SWEEP_DIR           Markdown table and PNG plots over the runs of a sweep
 
-`train` and `dump` are Hydra apps over `conf/` (so `-m` multirun sweeps work); `eval` and
-`export` take plain flags.
+`train` and `dump` are Hydra apps over `conf/` (so `-m` multirun sweeps work); the other
+commands take plain flags.
 """
 
 from __future__ import annotations
@@ -64,7 +67,13 @@ def hydra_app(command: str, argv: list[str]) -> None:
     @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
     def app(dcfg) -> None:
         cfg = to_run_config(dcfg)
-        if command == "train":
+        if command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from splitserve.split.runner import run_split
+
+            if os.environ.get("RANK") == "0":
+                _save_resolved(cfg, Path(cfg.run_dir))
+            run_split(cfg)  # a torchrun job split into target and draft ranks
+        elif command == "train":
             from splitserve.train.heldout import evaluate_run
             from splitserve.train.loop import train
 
@@ -137,6 +146,7 @@ def export_main(argv: list[str]) -> None:
     from splitserve.config import TargetConfig
     from splitserve.export import export_draft
     from splitserve.models.io import load_draft, read_draft_meta
+    from splitserve.spec.calibration import load_calibration
     from splitserve.target.hf import load_hf_target
 
     arch, kind, run_target = read_draft_meta(args.run_dir)
@@ -144,8 +154,101 @@ def export_main(argv: list[str]) -> None:
     target = load_hf_target(TargetConfig(name=arch.target_name or Path(target_path).name, path=target_path,
                                          layer_ids=list(arch.target_layer_ids), device="cpu"))
     draft = load_draft(args.run_dir, target)
-    out = export_draft(draft, args.out_dir, target.info)
-    print(f"exported {args.run_dir} ({kind}) -> {out}")
+    calibration = load_calibration(args.run_dir)
+    out = export_draft(draft, args.out_dir, target.info, calibration)
+    print(f"exported {args.run_dir} ({kind}) -> {out}" + (" with STS calibration" if calibration else ""))
+
+
+def _run_settings(run_dir: str) -> dict:
+    """The resolved config.yaml a train run left, as plain dicts ({} if absent)."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / "config.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.exists() else {}
+
+
+def calibrate_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="splitserve calibrate",
+                                description="Fit per-position STS temperatures for a draft's confidence head.")
+    p.add_argument("run_dir")
+    p.add_argument("--target", default=None, help="target name or HF directory (default: the run's own)")
+    p.add_argument("--prompts", default=None, help="held-out chat JSONL (default: the run's data.heldout_prompts)")
+    p.add_argument("--num-prompts", type=int, default=None, help="default: the run's eval.num_prompts")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: the run's eval.max_new_tokens")
+    p.add_argument("--temperature", type=float, action="append", default=None,
+                   help="sampling temperature to calibrate at (repeatable; default: the run's eval temperature)")
+    p.add_argument("--bins", type=int, default=None, help="ECE bins (default: the run's eval.calibration_bins or 10)")
+    p.add_argument("--device", default="auto")
+    args = p.parse_args(argv)
+
+    from splitserve.config import TargetConfig
+    from splitserve.models.io import load_draft, read_draft_meta
+    from splitserve.spec.calibration import calibrate_run, format_fit
+    from splitserve.target.hf import load_hf_target
+    from splitserve.train.heldout import eos_ids_of, load_prompt_ids
+
+    run = _run_settings(args.run_dir)
+    ev, data = run.get("eval", {}), run.get("data", {})
+    arch, _, run_target = read_draft_meta(args.run_dir)
+    target_path = args.target or run_target or "smollm2-135m"
+    target = load_hf_target(TargetConfig(name=arch.target_name or Path(target_path).name, path=target_path,
+                                         layer_ids=list(arch.target_layer_ids), device=args.device))
+    draft = load_draft(args.run_dir, target)
+    prompts_from = args.prompts or data.get("heldout_prompts", "chitchat")
+    prompts = load_prompt_ids(prompts_from, target.tokenizer, args.num_prompts or ev.get("num_prompts", 20))
+    fits = calibrate_run(args.run_dir, target, draft, prompts,
+                         args.temperature or [ev.get("temperature", 0.0)],
+                         args.max_new_tokens or ev.get("max_new_tokens", 64),
+                         seed=run.get("train", {}).get("seed", 0), n_bins=args.bins or ev.get("calibration_bins", 10),
+                         eos_ids=eos_ids_of(target.tokenizer), source=f"{len(prompts)} prompts from {prompts_from}")
+    print("\n".join(format_fit(f) for f in fits))
+    print(f"wrote {Path(args.run_dir) / 'calibration.json'}")
+
+
+def report_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="splitserve report",
+                                description="Summarise the runs of a sweep: report.md table and PNG plots.")
+    p.add_argument("sweep_dir")
+    p.add_argument("--wandb", action="store_true", help="also log the table and plots to wandb (offline by default)")
+    p.add_argument("--wandb-project", default="splitserve")
+    args = p.parse_args(argv)
+
+    from splitserve.report import write_report
+
+    path = write_report(args.sweep_dir, wandb=args.wandb, wandb_project=args.wandb_project)
+    print(path.read_text())
+
+
+def gen_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(
+        prog="splitserve gen",
+        description="Regenerate every assistant turn of a chat JSONL with the target itself (resumable).",
+    )
+    p.add_argument("--data", default="chitchat", help="chat JSONL ({messages}, {prompt, response} or {prompt} lines)")
+    p.add_argument("--out", required=True, help="output JSONL; appended to, and a rerun resumes it")
+    p.add_argument("--target", default="smollm2-135m", help="target name or HF directory")
+    p.add_argument("--target-name", default=None, help="name recorded in each row (default: the directory's)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="per reply")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0: off")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-rows", type=int, default=None, help="read only the first N input rows")
+    p.add_argument("--max-turns", type=int, default=None, help="replies per conversation (default: every user turn)")
+    p.add_argument("--max-length", type=int, default=1024, help="no reply to a prompt this many tokens long")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32")
+    args = p.parse_args(argv)
+
+    from splitserve.data import DataError
+    from splitserve.data.gen import config_from_args, run_gen
+
+    try:
+        summary = run_gen(config_from_args(args))
+    except DataError as e:
+        sys.exit(f"splitserve gen: {e}")
+    print(summary.format())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,6 +263,12 @@ def main(argv: list[str] | None = None) -> None:
         eval_main(rest)
     elif cmd == "export":
         export_main(rest)
+    elif cmd == "gen":
+        gen_main(rest)
+    elif cmd == "calibrate":
+        calibrate_main(rest)
+    elif cmd == "report":
+        report_main(rest)
     else:
         sys.exit(f"splitserve: unknown command {cmd!r}\nusage:\n{USAGE}")
 

@@ -48,8 +48,8 @@ def test_resume_after_kill_matches_uninterrupted(tiny_smol_dir, tiny_smol_target
 
     real_save = loop.save_checkpoint
 
-    def save_then_die(run_dir, draft, opt, sched, state, **kw):
-        path = real_save(run_dir, draft, opt, sched, state, **kw)
+    def save_then_die(run_dir, draft, backend, state, **kw):
+        path = real_save(run_dir, draft, backend, state, **kw)
         if state.step == 3:
             raise Killed()
         return path

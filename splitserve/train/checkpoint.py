@@ -2,11 +2,14 @@
 
 Layout (run_dir/checkpoints/):
     step_0000100/draft.safetensors   trainable weights only (shared ones come from the target)
-    step_0000100/optim.pt            optimizer + scheduler state
+    step_0000100/optim.pt            optimizer + scheduler state (plain backend)
+    step_0000100/deepspeed/          DeepSpeed's own sharded optimizer state (deepspeed backend)
     step_0000100/state.json          step, samples/tokens seen, elapsed time, finished flag
     latest                           name of the newest complete checkpoint
 A checkpoint is written to a temp dir and renamed, then `latest` is replaced atomically, so
-a run killed at any moment resumes from the last complete one.
+a run killed at any moment resumes from the last complete one. In a split job every draft
+rank takes part (DeepSpeed writes its shards from each rank); draft rank 0 writes the rest.
+Ranks share the run directory's filesystem.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
 from safetensors.torch import load_file, save_file
+
+from splitserve.train.partition import Partition
 
 
 class CheckpointError(RuntimeError):
@@ -41,23 +45,31 @@ def _write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(run_dir: Path, draft, optimizer, scheduler, state: TrainState, keep: int = 2) -> Path:
+def save_checkpoint(
+    run_dir: Path, draft, backend, state: TrainState, keep: int = 2, part: Partition | None = None
+) -> Path:
+    part = part or Partition()
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     name = f"step_{state.step:07d}"
     final, tmp = root / name, root / (name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    weights = {k: v.detach().contiguous().cpu() for k, v in draft.trainable_state_dict().items()}
-    save_file(weights, str(tmp / "draft.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
-    _write_json(tmp / "state.json", asdict(state))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    (root / "latest.tmp").write_text(name)
-    os.replace(root / "latest.tmp", root / "latest")
-    for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    if part.writer:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    part.barrier()
+    backend.save(tmp, part.writer)
+    part.barrier()
+    if part.writer:
+        weights = {k: v.detach().contiguous().cpu().float() for k, v in draft.trainable_state_dict().items()}
+        save_file(weights, str(tmp / "draft.safetensors"))
+        _write_json(tmp / "state.json", asdict(state))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        (root / "latest.tmp").write_text(name)
+        os.replace(root / "latest.tmp", root / "latest")
+        for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    part.barrier()
     return final
 
 
@@ -89,13 +101,11 @@ def load_weights(ckpt: Path, draft) -> None:
     draft.load_state_dict(weights, strict=False)
 
 
-def load_checkpoint(ckpt: Path, draft, optimizer, scheduler) -> TrainState:
+def load_checkpoint(ckpt: Path, draft, backend) -> TrainState:
     load_weights(ckpt, draft)
     try:
-        opt = torch.load(Path(ckpt) / "optim.pt", map_location="cpu", weights_only=True)
+        backend.load(ckpt)
         state = TrainState(**json.loads((Path(ckpt) / "state.json").read_text()))
     except Exception as exc:
         raise CheckpointError(f"checkpoint {ckpt} is unreadable: {exc}") from exc
-    optimizer.load_state_dict(opt["optimizer"])
-    scheduler.load_state_dict(opt["scheduler"])
     return state

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
 import torch
@@ -18,35 +19,29 @@ from tqdm import tqdm
 from splitserve.config import RunConfig
 from splitserve.models.build import build_draft, resolve_arch
 from splitserve.models.io import save_arch
+from splitserve.train.backends import make_backend
 from splitserve.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
-from splitserve.train.sources import DataOrder, DumpSource, TargetSource
-from splitserve.train.step import collate, draft_loss
+from splitserve.train.partition import Partition
+from splitserve.train.sources import DataOrder, DumpSource, RecordSource, TargetSource
+from splitserve.train.step import collate, draft_loss, plan_blocks, position_weight, row_generators
 
 
-def lr_lambda(warmup: int, total: int):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
-
-
-def build_source(cfg: RunConfig, target):
+def build_source(cfg: RunConfig, target, quiet: bool = False):
     """An offline dump if configured, else the target run in-process over tokenized data."""
     if cfg.data.dump_dir:
         from splitserve.offline import DumpReader
 
         reader = DumpReader(cfg.data.dump_dir)
         reader.check_target(target.info)
-        print(f"[train] reading {len(reader)} samples from dump {cfg.data.dump_dir}")
+        if not quiet:
+            print(f"[train] reading {len(reader)} samples from dump {cfg.data.dump_dir}")
         return DumpSource(reader)
     from splitserve.data import load_samples, resolve_train_path
 
     path = resolve_train_path(cfg.data.train_path)
     samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples)
-    print(f"[train] data {path}: {stats.summary()}")
+    if not quiet:
+        print(f"[train] data {path}: {stats.summary()}")
     return TargetSource(target, samples)
 
 
@@ -84,70 +79,153 @@ class TrainResult:
     target: object
 
 
-def train(cfg: RunConfig, target=None) -> TrainResult:
-    """Train (or resume) the run in cfg.run_dir."""
+@dataclass
+class StepTotals:
+    """Sums over one optimiser step's micro-batches (and, after `Partition.sum`, its ranks)."""
+
+    loss: float = 0.0
+    ce: float = 0.0
+    tv: float = 0.0
+    conf: float = 0.0
+    alpha_sum: float = 0.0
+    alpha_n: float = 0.0
+    tokens: float = 0.0
+    positions: float = 0.0
+    samples: float = 0.0
+    out_of_time: float = 0.0
+
+    def add(self, out, share: float, n_tokens: int, n_samples: int) -> None:
+        self.loss += float(out.total.detach()) * share
+        self.ce += float(out.ce) * share
+        self.tv += float(out.tv) * share
+        self.conf += float(out.conf) * share
+        self.alpha_sum += float(out.alpha.sum())
+        self.alpha_n += out.alpha.numel()
+        self.tokens += n_tokens
+        self.positions += out.alpha.numel()
+        self.samples += n_samples
+
+    def reduced(self, part: Partition) -> StepTotals:
+        return StepTotals(*part.sum(list(astuple(self))))
+
+    def metrics(self, grad_norm: float) -> dict[str, float]:
+        alpha = self.alpha_sum / self.alpha_n if self.alpha_n else 0.0
+        return {"loss": self.loss, "ce": self.ce, "tv": self.tv, "conf": self.conf, "alpha": alpha,
+                "grad_norm": grad_norm}
+
+
+def micro_batches(per_rank: int, accum: int) -> list[range]:
+    if per_rank % accum:
+        raise ValueError(f"each draft rank's {per_rank} samples per step do not split into "
+                         f"train.grad_accum_steps={accum} equal micro-batches")
+    m = per_rank // accum
+    return [range(i * m, (i + 1) * m) for i in range(accum)]
+
+
+def train(
+    cfg: RunConfig,
+    target=None,
+    *,
+    source: RecordSource | None = None,
+    part: Partition | None = None,
+    telemetry: Callable[[float], dict] | None = None,
+) -> TrainResult:
+    """Train (or resume) the run in cfg.run_dir.
+
+    A single process trains on the whole batch from an in-process target or a dump. In a split
+    job each draft rank calls this with its `part` and a `source` fed by the target ranks;
+    `telemetry(wall_s)` then adds channel figures to every log step.
+    """
     from splitserve.target.hf import load_hf_target, pick_device
 
+    part = part or Partition()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = pick_device(cfg.train.device)
     target = target or load_hf_target(cfg.target, device)
     torch.manual_seed(cfg.train.seed)
     arch = resolve_arch(cfg.draft, target.info, target.model.config, target.tokenizer)
-    draft = build_draft(arch, target).float()
-    save_arch(run_dir, arch, cfg.target.path)
-    source = build_source(cfg, target)
+    draft = build_draft(arch, target).float().to(device)
+    if part.writer:
+        save_arch(run_dir, arch, cfg.target.path)
+    source = source or build_source(cfg, target)
     order = DataOrder(source.num_samples, cfg.train.batch_size, cfg.train.seed)
+    if cfg.train.batch_size % part.size:
+        raise ValueError(f"train.batch_size={cfg.train.batch_size} must be a multiple of the {part.size} draft ranks")
+    per_rank = cfg.train.batch_size // part.size
+    micro = micro_batches(per_rank, cfg.train.grad_accum_steps)
+    bf16 = cfg.train.precision == "bf16"
+    backend = make_backend(draft, cfg.train, part.group, micro_batch=len(micro[0]), bf16=bf16,
+                           own_group=part.own_group)
+    feed_dtype = torch.bfloat16 if bf16 and cfg.train.backend == "deepspeed" else torch.float32
 
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.train.warmup_steps, cfg.train.max_steps))
     state = TrainState()
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None:
-        state = load_checkpoint(ckpt, draft, opt, sched)
-        print(f"[train] resumed from {ckpt} (step {state.step}{', finished' if state.finished else ''})")
-    n_train = sum(p.numel() for p in params)
-    print(f"[train] draft: {arch.num_layers} layers, γ={arch.block_size}, markov_rank={arch.markov_rank}, "
-          f"{n_train / 1e6:.1f}M trainable params; target {target.info.name} layers {list(arch.target_layer_ids)}")
+        state = load_checkpoint(ckpt, draft, backend)
+        if part.writer:
+            print(f"[train] resumed from {ckpt} (step {state.step}{', finished' if state.finished else ''})")
+    n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
+    if part.writer:
+        print(f"[train] draft: {arch.num_layers} layers, γ={arch.block_size}, markov_rank={arch.markov_rank}, "
+              f"{n_train / 1e6:.1f}M trainable params; target {target.info.name} layers {list(arch.target_layer_ids)}; "
+              f"{cfg.train.backend} backend, {part.size} draft rank(s) x {len(micro)} micro-batch(es) "
+              f"of {len(micro[0])}")
 
-    logger = Logger(run_dir, cfg)
+    logger = Logger(run_dir, cfg) if part.writer else None
     t_start, elapsed0 = time.time(), state.elapsed_s
     budget_s = cfg.train.max_minutes * 60 if cfg.train.max_minutes else math.inf
-    bar = tqdm(total=cfg.train.max_steps, initial=state.step, desc="train", unit="step", disable=state.finished)
+    bar = tqdm(total=cfg.train.max_steps, initial=state.step, desc="train", unit="step",
+               disable=state.finished or not part.writer)
     window: list[dict] = []
+    t_log = time.time()
     draft.train()
     while not state.finished and state.step < cfg.train.max_steps:
-        records = source.get(order.batch(state.step))
-        batch = collate(records, device, torch.float32)
-        gen = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + state.step)
-        out, n_pos = draft_loss(draft, batch, cfg.train.anchors_per_seq, cfg.loss, gen)
-        opt.zero_grad(set_to_none=True)
-        out.total.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
-        opt.step()
-        sched.step()
-        state.step += 1
-        state.samples_seen += len(records)
-        state.tokens_seen += batch.num_tokens
-        state.positions_trained += n_pos
+        rows = range(part.index * per_rank, (part.index + 1) * per_rank)
+        batch_ids = order.batch(state.step)
+        records = source.get([batch_ids[r] for r in rows])
+        gens = row_generators(cfg.train.seed, state.step, rows)
+        planned = []
+        for mb in micro:
+            batch = collate([records[i] for i in mb], device, feed_dtype)
+            packed = plan_blocks(draft, batch, cfg.train.anchors_per_seq, [gens[i] for i in mb])
+            planned.append((batch, packed, float(position_weight(packed, cfg.loss))))
+        weight_total = max(part.sum([sum(w for _, _, w in planned)])[0], 1e-8)
+        totals = StepTotals()
+        for batch, packed, w in planned:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                out, _ = draft_loss(backend.module, batch, cfg.train.anchors_per_seq, cfg.loss, None, packed=packed)
+            share = w / weight_total
+            backend.backward(out.total * share)
+            totals.add(out, share, batch.num_tokens, len(batch.lengths))
+        gnorm = backend.step()
         state.elapsed_s = elapsed0 + time.time() - t_start
-        window.append({**out.metrics(), "grad_norm": float(gnorm)})
+        totals.out_of_time = float(state.elapsed_s - elapsed0 >= budget_s)
+        totals = totals.reduced(part)
+        state.step += 1
+        state.samples_seen += int(totals.samples)
+        state.tokens_seen += int(totals.tokens)
+        state.positions_trained += int(totals.positions)
+        window.append(totals.metrics(gnorm))
         bar.update(1)
         if state.step % cfg.train.log_every == 0 or state.step == cfg.train.max_steps:
             avg = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
-            avg.update(lr=sched.get_last_lr()[0], tokens_seen=state.tokens_seen,
+            avg.update(lr=backend.lr, tokens_seen=state.tokens_seen,
                        tok_per_s=state.tokens_seen / max(state.elapsed_s, 1e-9))
-            logger.log(state.step, avg)
+            if telemetry is not None:
+                avg.update(telemetry(time.time() - t_log))
+            t_log = time.time()
+            if logger is not None:
+                logger.log(state.step, avg)
             bar.set_postfix(loss=f"{avg['loss']:.3f}", alpha=f"{avg['alpha']:.3f}")
             window = []
-        out_of_time = state.elapsed_s - elapsed0 >= budget_s
-        if out_of_time or state.step >= cfg.train.max_steps:
+        if totals.out_of_time or state.step >= cfg.train.max_steps:
             state.finished = True
         if state.finished or state.step % cfg.train.save_every == 0:
-            save_checkpoint(run_dir, draft, opt, sched, state)
+            save_checkpoint(run_dir, draft, backend, state, part=part)
     bar.close()
-    logger.close()
-    print(f"[train] done: {state.step} steps, {state.tokens_seen:,} target tokens, "
-          f"{state.positions_trained:,} block positions, {state.elapsed_s / 60:.1f} min")
+    if logger is not None:
+        logger.close()
+        print(f"[train] done: {state.step} steps, {state.tokens_seen:,} target tokens, "
+              f"{state.positions_trained:,} block positions, {state.elapsed_s / 60:.1f} min")
     return TrainResult(draft.eval(), state, target)

@@ -9,6 +9,7 @@ never to context at or after its anchor, never to another block.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,13 +27,17 @@ class PackedBlocks:
 
 
 def sample_anchors(
-    loss_mask: torch.Tensor, lengths: torch.Tensor, n: int, generator: torch.Generator
+    loss_mask: torch.Tensor,
+    lengths: torch.Tensor,
+    n: int,
+    generator: torch.Generator | Sequence[torch.Generator],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """loss_mask: (B, T) bool, lengths: (B,) -> anchors (B, N), valid (B, N).
 
     Candidates are positions a >= 1 (the draft always has some context, as after a prefill)
     whose first prediction x_{a+1} is a trained token. Sampled without replacement; a
-    sequence with fewer than n candidates gets padding anchors marked invalid.
+    sequence with fewer than n candidates gets padding anchors marked invalid. `generator` is
+    one generator for all rows, or one per row.
     """
     b, t = loss_mask.shape
     pos = torch.arange(t)
@@ -44,7 +49,8 @@ def sample_anchors(
         cand = pos[(pos >= 1) & (pos + 1 < int(lengths[i])) & nxt]
         if len(cand) == 0:
             continue
-        pick = cand[torch.randperm(len(cand), generator=generator)[:n]].sort().values
+        g = generator if isinstance(generator, torch.Generator) else generator[i]
+        pick = cand[torch.randperm(len(cand), generator=g)[:n]].sort().values
         anchors[i, : len(pick)] = pick
         valid[i, : len(pick)] = True
     return anchors, valid

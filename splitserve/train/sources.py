@@ -84,3 +84,28 @@ class DataOrder:
         for cursor in range(step * self.bs, (step + 1) * self.bs):
             out.append(int(self._perm_of(cursor // self.n)[cursor % self.n]))
         return out
+
+
+class ChannelSource:
+    """Records arriving from target ranks over a channel, in the order the routing promises.
+
+    Each record is checked against the sample index the trainer expects, so a routing bug can
+    never silently train on the wrong data.
+    """
+
+    def __init__(self, channel, num_samples: int):
+        self.channel, self.num_samples = channel, num_samples
+        self.records = self.tokens = 0
+
+    def get(self, indices: list[int]) -> list[HiddenRecord]:
+        out = []
+        for i in indices:
+            record = self.channel.recv()
+            if record is None:
+                raise RuntimeError(f"the target ranks ended their stream before sample {i}")
+            if record.sample_id != i:
+                raise RuntimeError(f"expected sample {i} from the target ranks, got {record.sample_id}")
+            self.records += 1
+            self.tokens += record.num_tokens
+            out.append(record)
+        return out

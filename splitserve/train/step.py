@@ -6,6 +6,7 @@ a whole sequence, and nothing wider than D per token crosses from the target.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,8 +14,8 @@ import torch
 from splitserve.config import LossConfig
 from splitserve.models.dspark import DSparkDraft
 from splitserve.records import HiddenRecord
-from splitserve.train.losses import LossInputs, LossOut, compute_loss
-from splitserve.train.packing import pack_blocks, sample_anchors
+from splitserve.train.losses import LossInputs, LossOut, compute_loss, decay_weights
+from splitserve.train.packing import PackedBlocks, pack_blocks, sample_anchors
 
 
 @dataclass
@@ -46,20 +47,52 @@ def collate(records: list[HiddenRecord], device: torch.device, dtype: torch.dtyp
     return Batch(ids.to(device), mask.to(device), lengths.to(device), aux.to(device), final.to(device))
 
 
+def row_generators(seed: int, step: int, rows: range) -> list[torch.Generator]:
+    """One anchor generator per row of the *global* batch, so that a row's anchors do not depend
+    on which rank or micro-batch trains it (split training equals single-process training)."""
+    return [torch.Generator().manual_seed((seed * 1_000_003 + step) * 65_537 + r) for r in rows]
+
+
+def plan_blocks(
+    draft: DSparkDraft,
+    batch: Batch,
+    anchors_per_seq: int,
+    generator: torch.Generator | Sequence[torch.Generator],
+) -> PackedBlocks:
+    """Sample anchors and pack their blocks; depends on the data only, not on the weights."""
+    arch = draft.arch
+    anchors, valid = sample_anchors(batch.loss_mask.cpu(), batch.lengths.cpu(), anchors_per_seq, generator)
+    return pack_blocks(
+        batch.input_ids, batch.loss_mask, batch.lengths, anchors, valid, arch.block_size, arch.mask_token_id
+    )
+
+
+def position_weight(packed: PackedBlocks, loss_cfg: LossConfig) -> torch.Tensor:
+    """Total position weight of a planned batch: the denominator the paper loss divides by.
+
+    Data-parallel ranks and gradient-accumulation micro-batches scale their loss by
+    (own weight / global weight), which makes the summed gradient equal to the single-process
+    gradient of the whole batch exactly for decay-normalised losses, and a position-weighted
+    average for the others.
+    """
+    slot = packed.label_valid.nonzero(as_tuple=True)[2]
+    return decay_weights(slot, loss_cfg.decay_gamma).sum()
+
+
 def draft_loss(
     draft: DSparkDraft,
     batch: Batch,
     anchors_per_seq: int,
     loss_cfg: LossConfig,
-    generator: torch.Generator,
+    generator: torch.Generator | Sequence[torch.Generator],
+    packed: PackedBlocks | None = None,
 ) -> tuple[LossOut, int]:
-    """Returns the loss and the number of trained block positions."""
+    """Returns the loss and the number of trained block positions. `packed` (from plan_blocks)
+    skips the planning; `generator` is then unused."""
     arch = draft.arch
     b, t = batch.input_ids.shape
-    anchors, valid = sample_anchors(batch.loss_mask.cpu(), batch.lengths.cpu(), anchors_per_seq, generator)
-    packed = pack_blocks(
-        batch.input_ids, batch.loss_mask, batch.lengths, anchors, valid, arch.block_size, arch.mask_token_id
-    )
+    if packed is None:
+        packed = plan_blocks(draft, batch, anchors_per_seq, generator)
     ctx_pos = torch.arange(t, device=batch.input_ids.device).expand(b, t)
     ctx_kv = draft.context_kv(batch.aux, ctx_pos)
     h = draft.backbone(packed.block_ids, packed.block_pos, ctx_kv, packed.mask)  # (B, N*γ, D)
@@ -67,6 +100,7 @@ def draft_loss(
 
     sel = packed.label_valid.nonzero(as_tuple=True)  # P positions
     bi, slot = sel[0], sel[2]
+    block = bi * packed.label_valid.shape[1] + sel[1]  # (P,) one id per (sequence, anchor)
     label_pos = packed.label_pos[sel]  # (P,)
     labels = batch.input_ids[bi, label_pos]
     prev = batch.input_ids[bi, label_pos - 1]  # teacher forcing: [x0, x*_1 .. x*_{γ-1}]
@@ -81,5 +115,6 @@ def draft_loss(
         slot=slot,
         conf_logits=draft.confidence_logit(h_sel, prev),
         block_size=arch.block_size,
+        block=block,
     )
     return compute_loss(inputs, loss_cfg), int(labels.numel())

@@ -1,0 +1,261 @@
+"""`splitserve train` under torchrun with WORLD_SIZE > 1: one job, two kinds of rank.
+
+    torchrun --nproc-per-node 8 -m splitserve.cli train split=4t4d ...
+
+Target ranks run the frozen target over their share of the data and stream `HiddenRecord`s;
+draft ranks receive them and train the draft (plain or DeepSpeed ZeRO over the draft ranks'
+own process group). torchrun's RANK / WORLD_SIZE / LOCAL_RANK keep their meaning; the `split`
+config only says which ranks do which job. Multi-node is torchrun's rendezvous, unchanged.
+
+Every rank runs a watchdog: if any rank raises or dies, every other rank exits non-zero
+within `split.stale_after_s` naming the failed rank and its role.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from splitserve.config import RunConfig
+from splitserve.split.channel import ChannelSpec, ConsumerStopped
+from splitserve.split.p2p import FanInChannel, FanOutChannel
+from splitserve.split.routing import Roles, Routing
+from splitserve.split.telemetry import ConsumerCounters, ProducerCounters, RateWindow, verdict
+from splitserve.split.watchdog import Watchdog
+from splitserve.train.sources import ChannelSource, DataOrder
+
+WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this rank computes and how ranks talk."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device  # model device
+    backend: str  # default process group: nccl | gloo
+    channel_device: torch.device  # where channel buffers live (CUDA only with NCCL)
+
+    @classmethod
+    def from_env(cls, transport: str) -> Placement:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        n_gpu = torch.cuda.device_count()
+        if n_gpu == 0:
+            if transport == "nccl":
+                raise RuntimeError("split.transport=nccl needs GPUs; this node has none")
+            return cls(rank, world, local_rank, torch.device("cpu"), "gloo", torch.device("cpu"))
+        device = torch.device("cuda", local_rank % n_gpu)
+        own_gpu = n_gpu >= local_world
+        if transport == "nccl" and not own_gpu:
+            raise RuntimeError(
+                f"split.transport=nccl needs a GPU per rank: {local_world} ranks on {n_gpu} GPU(s). "
+                "Use split.transport=gloo (host-staged) to share GPUs."
+            )
+        use_nccl = transport == "nccl" or (transport == "auto" and own_gpu)
+        if use_nccl:
+            return cls(rank, world, local_rank, device, "nccl", device)
+        return cls(rank, world, local_rank, device, "gloo", torch.device("cpu"))
+
+
+def _broadcast_ints(values: list[int], src: int, place: Placement) -> list[int]:
+    t = torch.tensor(values, dtype=torch.int64, device=place.channel_device)
+    dist.broadcast(t, src=src)
+    return [int(v) for v in t.tolist()]
+
+
+def _read_start(cfg: RunConfig) -> tuple[int, int]:
+    """(start step, finished) from the run's latest checkpoint; draft rank 0 reads it."""
+    from splitserve.train.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(Path(cfg.run_dir))
+    if ckpt is None:
+        return 0, 0
+    state = json.loads((ckpt / "state.json").read_text())
+    return int(state["step"]), int(state["finished"])
+
+
+def _spec(cfg: RunConfig, info) -> ChannelSpec:
+    if cfg.split.wire_dtype not in WIRE_DTYPES:
+        raise ValueError(f"split.wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {cfg.split.wire_dtype!r}")
+    return ChannelSpec(
+        max_tokens=cfg.split.max_tokens or cfg.data.max_length,
+        aux_dim=len(info.layer_ids) * info.hidden_size,
+        hidden=info.hidden_size,
+        dtype=WIRE_DTYPES[cfg.split.wire_dtype],
+        credits=cfg.split.credits,
+    )
+
+
+def run_split(cfg: RunConfig) -> None:
+    """Entry point on every rank. Raises (after telling the other ranks) on failure."""
+    place = Placement.from_env(cfg.split.transport)
+    roles = Roles.resolve(cfg.split, place.world_size)
+    if place.device.type == "cuda":
+        torch.cuda.set_device(place.device)
+    dist.init_process_group(place.backend, timeout=timedelta(minutes=30))
+    names = roles.names()
+    watchdog = Watchdog(
+        dist.distributed_c10d._get_default_store(),
+        place.rank,
+        place.world_size,
+        names,
+        interval_s=cfg.split.heartbeat_s,
+        stale_after_s=cfg.split.stale_after_s,
+    ).start()
+    if place.rank == 0:
+        print(f"[split] {roles.describe()}: target ranks {list(roles.target_ranks)}, draft ranks "
+              f"{list(roles.draft_ranks)}; {place.backend} transport, channel on {place.channel_device.type}")
+    try:
+        # Every rank takes part in creating every group, in the same order.
+        draft_backend = "nccl" if place.backend == "nccl" else "gloo"
+        draft_group = dist.new_group(list(roles.draft_ranks), backend=draft_backend)
+        own_group = None
+        if cfg.train.backend == "deepspeed":
+            from splitserve.train.backends import singleton_groups
+
+            own_group = singleton_groups(draft_backend)
+        start, finished = _read_start(cfg) if place.rank == roles.draft_ranks[0] else (0, 0)
+        start, finished = _broadcast_ints([start, finished], roles.draft_ranks[0], place)
+        cfg = replace(cfg, train=replace(cfg.train, device=str(place.device)),
+                      target=replace(cfg.target, device=str(place.device)))
+        if roles.role_of(place.rank) == "target":
+            _target_rank(cfg, roles, place, watchdog, start, finished)
+        else:
+            _draft_rank(cfg, roles, place, watchdog, draft_group, own_group, start, finished)
+        dist.barrier()  # nobody leaves (taking the store with it) while a peer still evaluates
+        watchdog.stop()
+    except BaseException as exc:
+        traceback.print_exc()
+        watchdog.report_failure(exc)
+        sys.stderr.flush()
+        os._exit(1)  # never hang in a collective the failed peers will not join
+    dist.destroy_process_group()
+
+
+def _target_rank(
+    cfg: RunConfig, roles: Roles, place: Placement, watchdog: Watchdog, start: int, finished: int
+) -> None:
+    from splitserve.target.hf import load_hf_target
+    from splitserve.train.loop import build_source
+
+    t_index = roles.target_ranks.index(place.rank)
+    target = load_hf_target(cfg.target, place.device)
+    source = build_source(cfg, target, quiet=t_index != 0)
+    n = _broadcast_ints([source.num_samples], roles.target_ranks[0], place)[0]
+    spec = _spec(cfg, target.info)
+    fan = FanOutChannel.connect(list(roles.draft_ranks), spec, device=place.channel_device)
+    order = DataOrder(n, cfg.train.batch_size, cfg.train.seed)
+    routing = Routing(order, len(roles.target_ranks), len(roles.draft_ranks))
+    counters = ProducerCounters()
+    t0 = time.perf_counter()
+    last_publish = 0.0
+    stop = start if finished else cfg.train.max_steps
+    try:
+        for _, j, sample in routing.producer_items(t_index, start, stop):
+            tc = time.perf_counter()
+            record = source.get([sample])[0]
+            if place.device.type == "cuda":
+                torch.cuda.synchronize(place.device)
+            counters.capture_s += time.perf_counter() - tc
+            fan.channels[j].send(record)
+            counters.samples += 1
+            counters.tokens += record.num_tokens
+            now = time.perf_counter()
+            if now - last_publish > 0.5:
+                _publish(watchdog, fan, counters, now - t0)
+                last_publish = now
+    except ConsumerStopped:
+        pass  # the trainers finished early (time budget); close() below ends every stream
+    fan.close()
+    _publish(watchdog, fan, counters, time.perf_counter() - t0)
+    print(f"[split] target rank {place.rank}: produced {counters.samples} samples, {counters.tokens:,} tokens; "
+          f"capture {counters.capture_s:.1f} s, blocked on credits {counters.send_wait_s:.1f} s "
+          f"of {counters.wall_s:.1f} s", flush=True)
+
+
+def _publish(watchdog: Watchdog, fan: FanOutChannel, counters: ProducerCounters, wall_s: float) -> None:
+    st = fan.stats()
+    counters.bytes, counters.send_wait_s, counters.wall_s = st.bytes, st.send_wait_s, wall_s
+    counters.in_flight = sum(ch.spec.credits - ch._available for ch in fan.channels)
+    watchdog.publish(counters.as_dict())
+
+
+def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, draft_group, own_group,
+                start: int, finished: int) -> None:
+    from splitserve.target.hf import load_hf_target
+    from splitserve.train.heldout import evaluate_run
+    from splitserve.train.loop import train
+    from splitserve.train.partition import Partition
+
+    d_index = roles.draft_ranks.index(place.rank)
+    part = Partition(
+        index=d_index,
+        size=len(roles.draft_ranks),
+        group=draft_group,
+        device=place.channel_device,
+        own_group=own_group,
+    )
+    # The draft shares the target's embedding and lm_head, and rank 0 evaluates against it.
+    target = load_hf_target(cfg.target, place.device)
+    n = _broadcast_ints([0], roles.target_ranks[0], place)[0]
+    spec = _spec(cfg, target.info)
+    n_t = len(roles.target_ranks)
+    routing = Routing(DataOrder(n, cfg.train.batch_size, cfg.train.seed), n_t, len(roles.draft_ranks))
+    first = routing.first_producer(start)
+    producers = [roles.target_ranks[(first + i) % n_t] for i in range(n_t)]
+    fan = FanInChannel.connect(producers, spec, device=place.channel_device)
+    source = ChannelSource(fan, n)
+    window = RateWindow(n_draft=part.size, n_target=n_t)
+    t_train = time.perf_counter()
+
+    def consumed() -> ConsumerCounters:
+        st = fan.stats()
+        s = part.sum([source.records, source.tokens, st.bytes, st.recv_wait_s])
+        return ConsumerCounters(int(s[0]), int(s[1]), int(s[2]), s[3])
+
+    def telemetry(wall_s: float) -> dict:
+        c = consumed()  # collective: every draft rank calls it at the same step
+        produced = {r: s for r in roles.target_ranks if (s := watchdog.peer_status(r))}
+        return window.rates(wall_s, c, produced)
+
+    result = train(cfg, target, source=source, part=part, telemetry=telemetry)
+    wall = time.perf_counter() - t_train
+    total = consumed()
+    fan.close()
+    if part.writer:
+        time.sleep(2 * cfg.split.heartbeat_s)  # let the producers' last counters land
+        produced = [s for r in roles.target_ranks if (s := watchdog.peer_status(r))]
+        p_wait = sum(p["send_wait_s"] for p in produced) / max(sum(p["wall_s"] for p in produced), 1e-9)
+        v = verdict(total.recv_wait_s / (wall * part.size), p_wait, n_t, part.size)
+        summary = {
+            "split": f"{n_t}+{part.size}",
+            "steps": result.state.step,
+            "wall_s": wall,
+            "consumed_samples": total.samples,
+            "consumed_tokens": total.tokens,
+            "consumed_tokens_per_s": total.tokens / wall,
+            "channel_bytes": total.bytes,
+            "channel_bytes_per_s": total.bytes / wall,
+            "producers": produced,
+            "verdict": v.as_dict(),
+        }
+        Path(cfg.run_dir, "split_summary.json").write_text(json.dumps(summary, indent=1))
+        print(f"[split] {n_t}+{part.size}: {result.state.step} steps, {total.tokens:,} tokens consumed at "
+              f"{total.tokens / wall:,.0f} tok/s, channel {total.bytes / wall / 1e6:,.1f} MB/s; "
+              f"trainer wait {v.trainer_wait_fraction:.1%}, producer wait {v.producer_wait_fraction:.1%}\n"
+              f"[split] {v.advice}", flush=True)
+        if cfg.eval.enabled:
+            evaluate_run(cfg, target, result.draft)
