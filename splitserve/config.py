@@ -107,6 +107,14 @@ class EvalConfig:
     max_new_tokens: int = 64
     temperature: float = 0.0
     compare_untrained: bool = True
+    # Further sampling temperatures at which the trained draft is also measured, e.g. [1.0] for
+    # τ at T=1 in ablation reports; each adds a "trained@T=<t>" entry to eval.json.
+    extra_temperatures: list[float] = field(default_factory=list)
+    # Fit STS temperatures for the confidence head on the trained draft's held-out rounds and
+    # write calibration.json (DSPARK.md, "Sequential Temperature Scaling"); costs one host read
+    # per round, no extra decoding.
+    calibrate: bool = True
+    calibration_bins: int = 10
 
 
 @dataclass

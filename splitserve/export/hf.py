@@ -50,6 +50,7 @@ class DSparkConfig(PretrainedConfig):
         target_vocab_size: int | None = None,
         target_hidden_size: int | None = None,
         num_target_layers: int = 0,
+        confidence_temperatures: list[float] | None = None,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -72,6 +73,9 @@ class DSparkConfig(PretrainedConfig):
         self.target_vocab_size = target_vocab_size if target_vocab_size is not None else vocab_size
         self.target_hidden_size = target_hidden_size if target_hidden_size is not None else hidden_size
         self.num_target_layers = num_target_layers
+        # STS temperatures of the confidence head, one per block position (calibration.json
+        # beside this file has the fit for every sampling temperature): c_k = sigmoid(z_k / T_k).
+        self.confidence_temperatures = list(confidence_temperatures) if confidence_temperatures else None
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
 

@@ -25,6 +25,8 @@ from splitserve.spec.verify import verify_block
 class SpecResult:
     tokens: list[int]  # generated tokens (without the prompt), at most max_new_tokens
     accepts: list[int] = field(default_factory=list)  # per round: n accepted draft tokens
+    # Per round, when asked for and the draft has a confidence head: c_1..c_γ (γ floats).
+    confidences: list[list[float]] = field(default_factory=list)
 
 
 def _stop_at(tokens: list[int], eos_ids: set[int], limit: int) -> tuple[list[int], bool]:
@@ -47,7 +49,10 @@ class SpecDecoder:
         temperature: float = 0.0,
         eos_ids: set[int] | None = None,
         generator: torch.Generator | None = None,
+        record_confidence: bool = False,
     ) -> SpecResult:
+        """`record_confidence` keeps each round's confidences (one more host read per round);
+        it never changes the tokens."""
         eos_ids = eos_ids or set()
         dev = self.target.device
         cache = self.target.new_cache()
@@ -56,13 +61,15 @@ class SpecDecoder:
         ctx = DynamicDraftContext(self.draft)
         ctx.append(cap.aux, 0)
         anchor = pick_token(logits[0, -1], temperature, generator)
-        out, accepts = [int(anchor)], []
+        out, accepts, confidences = [int(anchor)], [], []
         p = len(prompt_ids)  # position of the anchor
         while True:
             out, done = _stop_at(out, eos_ids, max_new_tokens)
             if done:
-                return SpecResult(out, accepts)
-            d_tok, d_prob, _ = self.draft.draft(ctx.kv, anchor, p, temperature, generator)
+                return SpecResult(out, accepts, confidences)
+            d_tok, d_prob, conf = self.draft.draft(ctx.kv, anchor, p, temperature, generator)
+            if record_confidence and conf is not None:
+                confidences.append(conf.tolist())
             verify_in = torch.cat([anchor.view(1), d_tok])[None]  # (1, γ+1)
             logits, cap = self.target.forward_cached(verify_in, cache)
             n, bonus = verify_block(d_tok, d_prob, logits[0], temperature, generator)

@@ -20,6 +20,7 @@ class PromptResult:
     tokens: list[int]
     accepts: list[int]
     exact: bool | None = None  # greedy only: equals the target's own greedy output
+    confidences: list[list[float]] | None = None  # per round c_1..c_γ, when recorded (calibration)
 
 
 @dataclass
@@ -34,10 +35,13 @@ class EvalReport:
     exact_matches: int | None = None
     results: list[PromptResult] = field(default_factory=list)
 
-    def to_dict(self, with_results: bool = True) -> dict:
+    def to_dict(self, with_results: bool = True, with_confidences: bool = False) -> dict:
         d = asdict(self)
         if not with_results:
             d.pop("results")
+        elif not with_confidences:
+            for r in d["results"]:
+                r.pop("confidences")
         return d
 
 
@@ -64,17 +68,20 @@ def evaluate(
     check_exact: bool = True,
     eos_ids: set[int] | None = None,
     desc: str = "eval",
+    record_confidence: bool = False,
 ) -> EvalReport:
+    """`record_confidence` also keeps the confidence head's c_k of every round (for STS)."""
     draft.eval()
     decoder = SpecDecoder(target, draft)
     gen = torch.Generator(device=target.device).manual_seed(seed)
     results, all_accepts = [], []
     for ids in tqdm(prompts, desc=desc, unit="prompt", leave=False):
-        res = decoder.generate(ids, max_new_tokens, temperature, eos_ids, gen)
+        res = decoder.generate(ids, max_new_tokens, temperature, eos_ids, gen, record_confidence)
         exact = None
         if temperature == 0 and check_exact:
             exact = res.tokens == target_decode(target, ids, max_new_tokens, 0.0, eos_ids)
-        results.append(PromptResult(list(ids), res.tokens, res.accepts, exact))
+        confs = res.confidences if record_confidence and res.confidences else None
+        results.append(PromptResult(list(ids), res.tokens, res.accepts, exact, confs))
         all_accepts += res.accepts
     tau, per_pos = acceptance_stats(all_accepts, draft.arch.block_size)
     exact_matches = sum(bool(r.exact) for r in results) if temperature == 0 and check_exact else None

@@ -1,0 +1,82 @@
+"""PNG plots of a sweep (matplotlib, headless): acceptance by position, τ against training tokens."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from splitserve.report.runs import LENGTH_KEYS, RunSummary, config_labels
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_acceptance_by_config(runs: list[RunSummary], path: Path) -> Path:
+    """Conditional acceptance P(accept k | 1..k-1 accepted) by draft position, one line per run."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    for r, label in zip(runs, config_labels(runs)):
+        ev = r.main_eval
+        if ev is None:
+            continue
+        ks = range(1, len(ev.per_position) + 1)
+        ax.plot(ks, ev.per_position, marker="o", ms=3, label=f"{label} (τ={ev.tau:.2f}, T={ev.temperature:g})")
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("P(accept k | 1..k-1 accepted)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+    ax.set_title("held-out conditional acceptance by position", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_tau_vs_tokens(runs: list[RunSummary], path: Path) -> Path:
+    """Left: measured τ against training tokens. Each run gives two measured points: its untrained
+    draft (the same seed, so exactly its step-0 weights) at 0 tokens and its final checkpoint;
+    runs that differ only in training length join one line. Right: the teacher-forced mean
+    acceptance α logged during training (metrics.jsonl), a cheap proxy between those points."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
+    lines: dict[str, list[tuple[int, float, float | None]]] = defaultdict(list)
+    for r, label in zip(runs, config_labels(runs, drop=LENGTH_KEYS)):
+        tau = r.tau_at(0.0)
+        if tau is None or r.tokens_seen is None:
+            continue
+        if r.untrained is not None and r.untrained.temperature == 0.0:
+            lines[label].append((0, r.untrained.tau, None))
+        lines[label].append((r.tokens_seen, tau, r.tau_at(1.0)))
+    for label, pts in lines.items():
+        pts = sorted(set(pts), key=lambda p: p[0])
+        (line,) = left.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{label} greedy")
+        t1 = [(p[0], p[2]) for p in pts if p[2] is not None]
+        if t1:
+            left.plot(*zip(*t1), marker="x", ls="none", color=line.get_color(), label=f"{label} T=1")
+    left.set_xlabel("training tokens (target tokens seen)")
+    left.set_ylabel("held-out τ (tokens per target forward)")
+    left.set_title("measured τ: untrained (0 tokens) and final checkpoint", fontsize=9)
+    left.grid(alpha=0.3)
+    if left.lines:
+        left.legend(fontsize=7)
+    for r, label in zip(runs, config_labels(runs)):
+        if r.alpha_curve:
+            right.plot(*zip(*r.alpha_curve), marker=".", label=label)
+    right.set_xlabel("training tokens (target tokens seen)")
+    right.set_ylabel("teacher-forced mean α (training batches)")
+    right.set_title("training-time proxy (not a τ measurement)", fontsize=9)
+    right.grid(alpha=0.3)
+    if right.lines:
+        right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)

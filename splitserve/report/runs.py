@@ -1,0 +1,196 @@
+"""Find the train runs under a sweep directory and read each into one flat summary.
+
+A run directory is any directory holding what `splitserve train` writes (config.yaml,
+metrics.jsonl, draft_arch.json) or Hydra's `.hydra/`. A crashed run is summarised as far as its
+files go and marked incomplete; nothing here raises on a missing or damaged file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+RUN_MARKERS = (".hydra", "config.yaml", "metrics.jsonl", "draft_arch.json")
+SKIP_DIRS = ("wandb", "checkpoints")  # never run dirs themselves (wandb writes a config.yaml too)
+# Training-length overrides: runs that differ only in these are points on one τ-vs-tokens line.
+LENGTH_KEYS = ("train.max_steps", "train.max_minutes")
+
+
+@dataclass
+class EvalPoint:
+    """One evaluated draft from eval.json."""
+
+    tau: float
+    temperature: float
+    per_position: list[float]
+    rounds: int
+
+
+@dataclass
+class RunSummary:
+    path: Path
+    name: str  # relative to the sweep dir
+    status: str = "ok"  # ok | "incomplete: <why>"
+    overrides: list[str] = field(default_factory=list)  # Hydra task overrides of this job
+    draft: str | None = None
+    block_size: int | None = None
+    markov_rank: int | None = None
+    loss: str | None = None
+    num_layers: int | None = None
+    steps: int | None = None
+    tokens_seen: int | None = None
+    elapsed_s: float | None = None
+    trained: dict[float, EvalPoint] = field(default_factory=dict)  # sampling temperature -> result
+    untrained: EvalPoint | None = None
+    ece_before: float | None = None  # STS fit at the primary sampling temperature
+    ece_after: float | None = None
+    alpha_curve: list[tuple[int, float]] = field(default_factory=list)  # (tokens_seen, teacher-forced α)
+
+    def to_dict(self) -> dict:
+        """Plain numbers for report.json (the table's formatting left out)."""
+        d = asdict(self)
+        d.pop("path")  # `name` is the path relative to the sweep dir
+        d["trained"] = {f"{t:g}": asdict(p) for t, p in self.trained.items()}
+        return d
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "ok"
+
+    def tau_at(self, temperature: float) -> float | None:
+        point = self.trained.get(temperature)
+        return point.tau if point else None
+
+    @property
+    def main_eval(self) -> EvalPoint | None:
+        """Greedy if measured, else whichever temperature was."""
+        return self.trained.get(0.0) or next(iter(self.trained.values()), None)
+
+
+def _natural_key(path: Path) -> list:
+    return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", str(path))]
+
+
+def find_run_dirs(sweep_dir: Path) -> list[Path]:
+    """Run dirs under sweep_dir (outermost only; .hydra, checkpoints and wandb dirs are not runs)."""
+    found: list[Path] = []
+
+    def walk(d: Path) -> None:
+        if any((d / m).exists() for m in RUN_MARKERS):
+            found.append(d)
+            return
+        for child in sorted(d.iterdir()):
+            if child.is_dir() and not child.name.startswith(".") and child.name not in SKIP_DIRS:
+                walk(child)
+
+    walk(Path(sweep_dir))
+    return sorted(found, key=_natural_key)
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_yaml(path: Path):
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException):
+        return None  # a missing or half-written file of a crashed run is reported, not raised
+
+
+def _eval_point(d: dict) -> EvalPoint:
+    return EvalPoint(float(d["tau"]), float(d["temperature"]), list(d["per_position"]), int(d["rounds"]))
+
+
+def _alpha_curve(path: Path) -> list[tuple[int, float]]:
+    curve = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                curve.append((int(row["tokens_seen"]), float(row["alpha"])))
+            except (ValueError, KeyError, TypeError):
+                continue
+    return curve
+
+
+def _latest_state(run: Path) -> dict | None:
+    pointer = run / "checkpoints" / "latest"
+    if not pointer.exists():
+        return None
+    return _read_json(pointer.parent / pointer.read_text().strip() / "state.json")
+
+
+def read_run(path: Path, sweep_dir: Path) -> RunSummary:
+    s = RunSummary(path=path, name=path.name if path == sweep_dir else str(path.relative_to(sweep_dir)))
+    overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
+    s.overrides = [str(o) for o in overrides] if isinstance(overrides, list) else []
+    problems = []
+
+    cfg = _read_yaml(path / "config.yaml")
+    if isinstance(cfg, dict):
+        draft, loss = cfg.get("draft") or {}, cfg.get("loss") or {}
+        s.draft, s.block_size, s.markov_rank = draft.get("name"), draft.get("block_size"), draft.get("markov_rank")
+        s.num_layers, s.loss = draft.get("num_layers"), loss.get("name") or loss.get("kind")
+    else:
+        problems.append("no config.yaml")
+    eval_enabled = bool(((cfg or {}).get("eval") or {}).get("enabled", True))
+
+    state = _latest_state(path)
+    if state is None:
+        problems.append("no checkpoint")
+    else:
+        s.steps, s.tokens_seen, s.elapsed_s = state.get("step"), state.get("tokens_seen"), state.get("elapsed_s")
+        if not state.get("finished"):
+            problems.append(f"stopped at step {s.steps}")
+
+    report = _read_json(path / "eval.json")
+    if isinstance(report, dict):
+        for name, entry in report.items():
+            try:
+                point = _eval_point(entry)
+            except (KeyError, TypeError, ValueError):
+                continue
+            if name.startswith("trained"):
+                s.trained.setdefault(point.temperature, point)
+            elif name == "untrained":
+                s.untrained = point
+    elif eval_enabled:
+        problems.append("no eval.json")
+
+    cal = _read_json(path / "calibration.json")
+    if isinstance(cal, dict) and cal.get("fits"):
+        s.ece_before, s.ece_after = cal["fits"][0].get("ece_before"), cal["fits"][0].get("ece_after")
+
+    s.alpha_curve = _alpha_curve(path / "metrics.jsonl")
+    if problems:
+        s.status = "incomplete: " + ", ".join(problems)
+    return s
+
+
+def read_sweep(sweep_dir: str | Path) -> list[RunSummary]:
+    sweep_dir = Path(sweep_dir)
+    return [read_run(p, sweep_dir) for p in find_run_dirs(sweep_dir)]
+
+
+def config_labels(runs: list[RunSummary], drop: tuple[str, ...] = ()) -> list[str]:
+    """A short label per run: its overrides minus those every run shares (and minus `drop` keys)."""
+    def keep(o: str) -> bool:
+        return o.split("=", 1)[0].lstrip("+~") not in drop
+
+    sets = [[o for o in r.overrides if keep(o)] for r in runs]
+    common = set.intersection(*(set(x) for x in sets)) if len(sets) > 1 else set()
+    labels = []
+    for r, ovr in zip(runs, sets):
+        own = [o for o in ovr if o not in common]
+        labels.append(",".join(own) if own else f"{r.draft or r.name} L{r.num_layers}")
+    return labels
