@@ -244,8 +244,13 @@ def gen_main(argv: list[str]) -> None:
     from splitserve.data import DataError
     from splitserve.data.gen import config_from_args, run_gen
 
+    cfg = config_from_args(args)
     try:
-        summary = run_gen(config_from_args(args))
+        cfg.check()
+    except ValueError as e:
+        p.error(str(e))
+    try:
+        summary = run_gen(cfg)
     except DataError as e:
         sys.exit(f"splitserve gen: {e}")
     print(summary.format())

@@ -62,14 +62,23 @@ class DataConfig:
 
 @dataclass
 class LossConfig:
-    """Loss mix (DSPARK.md, "Losses"); `kind` selects the family."""
+    """Loss mix (DSPARK.md, "Losses"; docs/losses.md); `kind` selects the family.
+
+    kind "paper" is the paper's recipe exactly. kind "prefix" is the acceptance-aware family:
+    the same three terms with CE/TV position weights chosen by `weighting`, plus
+    `acc_weight * L_acc`, L_acc = -E[tau]/γ (teacher-forced expected acceptance length).
+    """
 
     name: str = "paper"
-    kind: str = "paper"
+    kind: str = "paper"  # paper | prefix
     ce_weight: float = 0.1
     tv_weight: float = 0.9
     conf_weight: float = 1.0
     decay_gamma: float = 4.0  # g in w_k = exp(-(k-1)/g)
+    # kind=prefix only. CE/TV weights per slot k: decay = exp(-(k-1)/g); survival = P_{k-1};
+    # gain = dE[tau]/d alpha_k. The confidence BCE always keeps the decay weights.
+    weighting: str = "decay"  # decay | survival | gain
+    acc_weight: float = 0.0  # weight of L_acc = -E[tau]/γ
 
 
 @dataclass

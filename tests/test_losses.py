@@ -1,11 +1,22 @@
 """Loss values against hand computation, and gradients against finite differences."""
 
 import math
+from pathlib import Path
 
+import pytest
 import torch
+from omegaconf import OmegaConf
 
 from splitserve.config import LossConfig
-from splitserve.train.losses import LossInputs, compute_loss, decay_weights
+from splitserve.train import losses
+from splitserve.train.losses import (
+    BlockGrid,
+    LossInputs,
+    acceptance_gain,
+    compute_loss,
+    decay_weights,
+    expected_length,
+)
 
 
 def _inputs(p_d, p_t, labels, slots, conf_logits, dtype=torch.float32):
@@ -70,3 +81,182 @@ def test_gradients_match_finite_differences():
     assert torch.autograd.gradcheck(f(LossConfig(conf_weight=0.0)), (draft, conf), eps=1e-6, atol=1e-5)
     frozen = draft.detach()
     assert torch.autograd.gradcheck(lambda c: f(LossConfig())(frozen, c), (conf,), eps=1e-6, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- the prefix family
+
+CONF_LOSS = Path(__file__).resolve().parents[1] / "conf" / "loss"
+
+
+def _hand_set():
+    """V=2, γ=3. Block 7 has all three slots, block 3 is short (its slot 3 is past the end).
+    Rows are interleaved to check that grouping goes by block id, not by row order.
+
+        row  block slot  p_d         p_t          tv   alpha
+        A1   7     0     [.9, .1]    [.7, .3]     0.4  0.8
+        B1   3     0     [.6, .4]    [.5, .5]     0.2  0.9
+        A2   7     1     [.5, .5]    [.75, .25]   0.5  0.75
+        B2   3     1     [.2, .8]    [.7, .3]     1.0  0.5
+        A3   7     2     [.4, .6]    [.6, .4]     0.4  0.8
+    """
+    x = _inputs(
+        p_d=[[0.9, 0.1], [0.6, 0.4], [0.5, 0.5], [0.2, 0.8], [0.4, 0.6]],
+        p_t=[[0.7, 0.3], [0.5, 0.5], [0.75, 0.25], [0.7, 0.3], [0.6, 0.4]],
+        labels=[0, 0, 1, 1, 0],
+        slots=[0, 0, 1, 1, 2],
+        conf_logits=[0.0] * 5,
+        dtype=torch.float64,
+    )
+    x.block_size, x.block = 3, torch.tensor([7, 3, 7, 3, 7])
+    return x
+
+
+def _cfg(name: str, **kw) -> LossConfig:
+    """A LossConfig from conf/loss/<name>.yaml, as `loss=<name>` composes it."""
+    merged = OmegaConf.merge(OmegaConf.structured(LossConfig), OmegaConf.load(CONF_LOSS / f"{name}.yaml"), kw)
+    return OmegaConf.to_object(merged)
+
+
+def test_expected_length_and_weights_hand_computed():
+    x = _hand_set()
+    # Block 7: P = .8, .8*.75 = .6, .6*.8 = .48 -> E[tau] = 1 + .8 + .6 + .48 = 2.88
+    # Block 3 (short): P = .9, .9*.5 = .45 -> E[tau] = 1 + .9 + .45 = 2.35
+    tau = (2.88 + 2.35) / 2
+    # survival w_k = P_{k-1}, per row A1 B1 A2 B2 A3
+    w_surv = [1.0, 1.0, 0.8, 0.9, 0.6]
+    # gain dE/d alpha_k. Block 7: 1 + a2 + a2 a3 = 2.35, a1 (1 + a3) = 1.44, a1 a2 = .6
+    #                    Block 3: 1 + a2 = 1.5, a1 = .9
+    w_gain = [2.35, 1.5, 1.44, 0.9, 0.6]
+    tv = torch.tensor([0.4, 0.2, 0.5, 1.0, 0.4], dtype=torch.float64)
+    ce = -torch.tensor([0.9, 0.6, 0.5, 0.8, 0.4], dtype=torch.float64).log()
+
+    grid = BlockGrid.of(x)
+    a = grid.scatter(torch.tensor([0.8, 0.9, 0.75, 0.5, 0.8], dtype=torch.float64), fill=1.0)
+    assert grid.valid.tolist() == [[True, True, False], [True, True, True]]  # block 3 first (sorted ids)
+    assert torch.allclose(expected_length(a, grid.valid), torch.tensor([2.35, 2.88], dtype=torch.float64))
+    assert torch.allclose(grid.gather(acceptance_gain(a, grid.valid)), torch.tensor(w_gain, dtype=torch.float64))
+
+    for name, w in (("prefix", w_surv), ("prefix_gain", w_gain)):
+        w = torch.tensor(w, dtype=torch.float64)
+        out = compute_loss(x, _cfg(name))
+        assert math.isclose(float(out.tv), float((w * tv).sum() / w.sum()), rel_tol=1e-9), name
+        assert math.isclose(float(out.ce), float((w * ce).sum() / w.sum()), rel_tol=1e-9), name
+        assert math.isclose(float(out.exp_len), tau, rel_tol=1e-9), name
+        assert torch.allclose(out.alpha, torch.tensor([0.8, 0.9, 0.75, 0.5, 0.8], dtype=torch.float64))
+
+    # expected_length: the paper's terms plus acc_weight * (-E[tau] / γ)
+    paper = compute_loss(x, LossConfig())
+    for acc in (1.0, 0.25):
+        out = compute_loss(x, _cfg("expected_length", acc_weight=acc))
+        assert math.isclose(float(out.total), float(paper.total) - acc * tau / 3, rel_tol=1e-9)
+        assert math.isclose(float(out.tv), float(paper.tv), rel_tol=1e-12)
+    assert math.isclose(paper.metrics()["tau_tf"], tau, rel_tol=1e-9)  # logged for every kind
+
+
+def test_gap_inside_a_block_is_neutral():
+    # Slots 1 and 3 present, slot 2 untrained: the empty cell multiplies survival by 1.
+    x = _inputs([[0.9, 0.1], [0.4, 0.6]], [[0.7, 0.3], [0.6, 0.4]], [0, 0], [0, 2], [0.0, 0.0], torch.float64)
+    x.block_size, x.block = 3, torch.tensor([0, 0])
+    out = compute_loss(x, _cfg("prefix"))
+    # alpha = .8, .8: E = 1 + .8 + .64; survival weights 1 and .8
+    assert math.isclose(float(out.exp_len), 2.44, rel_tol=1e-9)
+    assert math.isclose(float(out.tv), (0.4 * 1 + 0.4 * 0.8) / 1.8, rel_tol=1e-9)
+
+
+def test_gain_is_the_gradient_of_expected_length():
+    torch.manual_seed(1)
+    a = torch.rand(6, 5, dtype=torch.float64, requires_grad=True)
+    valid = torch.rand(6, 5) > 0.3
+    a_filled = torch.where(valid, a, torch.ones_like(a))
+    (grad,) = torch.autograd.grad(expected_length(a_filled, valid).sum(), a)
+    assert torch.allclose(acceptance_gain(a_filled.detach(), valid)[valid], grad[valid])
+
+
+def _random_blocks(p_blocks=(3, 1, 2), gamma=3, v=5, seed=0):
+    """Random float64 inputs: blocks with the given numbers of leading slots (short blocks too)."""
+    torch.manual_seed(seed)
+    slots = torch.cat([torch.arange(n) for n in p_blocks])
+    block = torch.cat([torch.full((n,), i) for i, n in enumerate(p_blocks)])
+    p = len(slots)
+    draft = torch.randn(p, v, dtype=torch.float64, requires_grad=True)
+    conf = torch.randn(p, dtype=torch.float64, requires_grad=True)
+    target = torch.randn(p, v, dtype=torch.float64)
+    labels = torch.randint(0, v, (p,))
+    return draft, conf, target, labels, slots, block, gamma
+
+
+def test_expected_length_gradients_match_finite_differences():
+    draft, conf, target, labels, slots, block, gamma = _random_blocks()
+
+    def f(cfg):
+        return lambda d, c: compute_loss(LossInputs(d, target, labels, slots, c, gamma, block), cfg).total
+
+    cfg = _cfg("expected_length")
+    # As for the paper loss, the confidence label is a stop-grad alpha: draft logits are checked
+    # without the BCE term, confidence logits on the full mix.
+    assert torch.autograd.gradcheck(f(_cfg("expected_length", conf_weight=0.0)), (draft, conf), eps=1e-6, atol=1e-5)
+    assert torch.autograd.gradcheck(lambda c: f(cfg)(draft.detach(), c), (conf,), eps=1e-6, atol=1e-5)
+    # L_acc alone (every other weight zero) is -E[tau]/γ, fully differentiable.
+    only_acc = _cfg("expected_length", ce_weight=0.0, tv_weight=0.0, conf_weight=0.0)
+    assert torch.autograd.gradcheck(f(only_acc), (draft, conf), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,frozen_fn", [("prefix", "survival_before"), ("prefix_gain", "acceptance_gain")])
+def test_weighted_gradients_match_finite_differences_with_weights_held(monkeypatch, name, frozen_fn):
+    """The weights are stop-grad: the gradient is the one of the loss with the weights held at
+    their current values, which finite differences see once the weight function is frozen."""
+    draft, conf, target, labels, slots, block, gamma = _random_blocks(seed=2)
+    cfg = _cfg(name, conf_weight=0.0)
+
+    def loss(d):
+        return compute_loss(LossInputs(d, target, labels, slots, conf.detach(), gamma, block), cfg).total
+
+    (live,) = torch.autograd.grad(loss(draft), draft)
+    x0 = LossInputs(draft.detach(), target, labels, slots, None, gamma, block)
+    grid = BlockGrid.of(x0)
+    tv0 = (draft.detach().softmax(-1) - target.softmax(-1)).abs().sum(-1)
+    a0 = grid.scatter(1 - 0.5 * tv0, 1.0)
+    frozen = getattr(losses, frozen_fn)(*((a0,) if frozen_fn == "survival_before" else (a0, grid.valid)))
+    monkeypatch.setattr(losses, frozen_fn, lambda *_: frozen)
+    (held,) = torch.autograd.grad(loss(draft), draft)
+    assert torch.allclose(live, held)
+    assert torch.autograd.gradcheck(loss, (draft,), eps=1e-6, atol=1e-5)
+
+
+def test_prefix_with_decay_is_the_paper_loss_and_paper_rejects_prefix_options():
+    draft, conf, target, labels, slots, block, gamma = _random_blocks(seed=3)
+    x = LossInputs(draft, target, labels, slots, conf, gamma, block)
+    paper = compute_loss(x, LossConfig())
+    same = compute_loss(x, LossConfig(kind="prefix"))
+    assert torch.allclose(paper.total, same.total, rtol=1e-12)
+    with pytest.raises(ValueError, match="kind=prefix"):
+        compute_loss(x, LossConfig(weighting="survival"))
+    with pytest.raises(ValueError, match="LossInputs.block"):
+        compute_loss(LossInputs(draft, target, labels, slots, conf, gamma), _cfg("prefix"))
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONF_LOSS.glob("*.yaml")))
+def test_draft_loss_runs_with_every_loss_config(name):
+    """Each conf/loss group through the real training step on a tiny model, with blocks cut
+    short by the end of the sequence."""
+    from tiny import tiny_draft, tiny_target
+
+    from splitserve.records import HiddenRecord
+    from splitserve.train.step import collate, draft_loss
+
+    target = tiny_target(seed=4)
+    draft = tiny_draft(target, block_size=4)
+    recs = []
+    for i, n in enumerate((12, 7)):
+        ids = torch.randint(0, 90, (n,), generator=torch.Generator().manual_seed(i))
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[3:] = True
+        cap = target.capture(ids[None])
+        recs.append(HiddenRecord(i, ids, mask, cap.aux[0], cap.final[0]))
+    batch = collate(recs, torch.device("cpu"), torch.float32)
+    out, n_pos = draft_loss(draft, batch, 8, _cfg(name), torch.Generator().manual_seed(0))
+    out.total.backward()
+    m = out.metrics()
+    assert n_pos > 0 and math.isfinite(m["loss"]) and 1.0 <= m["tau_tf"] <= 5.0
+    grads = [p.grad for p in draft.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)

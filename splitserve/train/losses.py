@@ -8,6 +8,12 @@ Notation per valid block position i (slot k = 1..γ after its anchor):
     L_tv   = sum w_k * ||p_d - p_t||_1        / sum w
     L_conf = sum w_k * BCE(c_k, stopgrad(alpha)) / sum w
     L = 0.1 L_ce + 0.9 L_tv + 1.0 L_conf
+
+The acceptance-aware "prefix" family (docs/losses.md) groups the rows of each block:
+    P_k    = prod_{i<=k} alpha_i              prefix survival: tokens 1..k all accepted
+    E[tau] = 1 + sum_k P_k                    expected acceptance length, bonus token included
+and reweights CE/TV by P_{k-1} ("survival") or dE[tau]/d alpha_k ("gain") instead of w_k,
+and/or adds L_acc = -E[tau]/γ.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ class LossInputs:
     slot: torch.Tensor  # (P,) k - 1, in 0..γ-1
     conf_logits: torch.Tensor | None  # (P,)
     block_size: int
+    # (P,) which block each row belongs to (any ids; equal within a block). The prefix family
+    # needs it to take products along a block; the paper loss does not.
+    block: torch.Tensor | None = None
 
 
 @dataclass
@@ -37,15 +46,20 @@ class LossOut:
     tv: torch.Tensor
     conf: torch.Tensor
     alpha: torch.Tensor  # (P,) detached teacher-forced acceptance, for metrics
+    # detached mean over blocks of the teacher-forced E[tau]; None without block ids
+    exp_len: torch.Tensor | None = None
 
     def metrics(self) -> dict[str, float]:
-        return {
+        m = {
             "loss": float(self.total.detach()),
             "ce": float(self.ce),
             "tv": float(self.tv),
             "conf": float(self.conf),
             "alpha": float(self.alpha.mean()) if self.alpha.numel() else 0.0,
         }
+        if self.exp_len is not None:
+            m["tau_tf"] = float(self.exp_len)
+        return m
 
 
 def decay_weights(slot: torch.Tensor, g: float) -> torch.Tensor:
@@ -58,31 +72,151 @@ def _up(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def paper_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
+def _row_terms(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> ce (P,) = -log p_d(x*), tv (P,) = ||p_d - p_t||_1 in [0, 2]."""
     logp_d = F.log_softmax(_up(x.draft_logits), dim=-1)  # (P, V)
     p_d = logp_d.exp()
     p_t = F.softmax(_up(x.target_logits), dim=-1)
-    tv = (p_d - p_t).abs().sum(-1)  # (P,) in [0, 2]
-    alpha = (1.0 - 0.5 * tv).detach()
+    tv = (p_d - p_t).abs().sum(-1)  # (P,)
     ce = -logp_d.gather(-1, x.labels[:, None]).squeeze(-1)
+    return ce, tv
+
+
+def _conf_term(x: LossInputs, alpha: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor) -> torch.Tensor:
+    """Soft BCE of the confidence head against the detached alpha (P,), weighted by w (P,)."""
+    if x.conf_logits is None:
+        return torch.zeros((), device=alpha.device)
+    bce = F.binary_cross_entropy_with_logits(_up(x.conf_logits), alpha.to(_up(x.conf_logits).dtype), reduction="none")
+    return (w * bce).sum() / wsum
+
+
+def paper_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
+    ce, tv = _row_terms(x)
+    alpha = (1.0 - 0.5 * tv).detach()
 
     w = decay_weights(x.slot, cfg.decay_gamma).to(tv.dtype)
     wsum = w.sum().clamp_min(1e-8)
     l_ce = (w * ce).sum() / wsum
     l_tv = (w * tv).sum() / wsum
-    if x.conf_logits is not None:
-        bce = F.binary_cross_entropy_with_logits(_up(x.conf_logits), alpha.to(_up(x.conf_logits).dtype), reduction="none")
-        l_conf = (w * bce).sum() / wsum
-    else:
-        l_conf = torch.zeros((), device=tv.device)
+    l_conf = _conf_term(x, alpha, w, wsum)
     total = cfg.ce_weight * l_ce + cfg.tv_weight * l_tv + cfg.conf_weight * l_conf
     return LossOut(total=total, ce=l_ce.detach(), tv=l_tv.detach(), conf=l_conf.detach(), alpha=alpha)
 
 
-LOSSES = {"paper": paper_loss}
+# --------------------------------------------------------------------------- the prefix family
+
+
+@dataclass
+class BlockGrid:
+    """The P rows laid out on a (NB, γ) grid, one line per block: row r sits at (index[r], slot[r])."""
+
+    index: torch.Tensor  # (P,) compact block index in 0..NB-1
+    slot: torch.Tensor  # (P,) 0..γ-1
+    valid: torch.Tensor  # (NB, γ) bool: the cell holds a row
+
+    @classmethod
+    def of(cls, x: LossInputs) -> BlockGrid:
+        if x.block is None:
+            raise ValueError("the prefix losses need LossInputs.block (the block each row belongs to)")
+        _, index = torch.unique(x.block, return_inverse=True)  # (P,)
+        nb = int(index.max()) + 1 if index.numel() else 0
+        valid = torch.zeros(nb, x.block_size, dtype=torch.bool, device=index.device)
+        valid[index, x.slot] = True
+        if int(valid.sum()) != index.numel():
+            raise ValueError("two rows share one (block, slot) cell")
+        return cls(index, x.slot, valid)
+
+    def scatter(self, v: torch.Tensor, fill: float) -> torch.Tensor:
+        """v: (P,) -> (NB, γ), `fill` in empty cells; differentiable in v."""
+        grid = torch.full(self.valid.shape, fill, dtype=v.dtype, device=v.device)
+        return grid.index_put((self.index, self.slot), v)
+
+    def gather(self, grid: torch.Tensor) -> torch.Tensor:
+        """(NB, γ) -> (P,)."""
+        return grid[self.index, self.slot]
+
+
+# In the functions below `a` is alpha on the grid (NB, γ) with 1 in empty cells. A cell is empty
+# when its slot predicts a token past the end of the sequence (the block is shorter than γ) or
+# an untrained token: it multiplies the survival by 1 and adds no P_k term, so a short block is
+# exactly a block of its own length.
+
+
+def expected_length(a: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """-> (NB,) E[tau] = 1 + sum_k P_k over the block's rows, P_k = prod_{i<=k} a_i."""
+    return 1.0 + (torch.cumprod(a, dim=-1) * valid).sum(-1)
+
+
+def survival_before(a: torch.Tensor) -> torch.Tensor:
+    """-> (NB, γ) P_{k-1} = prod_{i<k} a_i (1 at the first slot): the chance slot k is reached."""
+    return torch.cumprod(torch.cat([torch.ones_like(a[:, :1]), a[:, :-1]], dim=-1), dim=-1)
+
+
+def acceptance_gain(a: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """-> (NB, γ) dE[tau]/d a_k = P_{k-1} * R_k, R_k = sum_{j>=k, valid} prod_{k<i<=j} a_i.
+
+    R_k counts the tokens slot k unlocks: itself plus every later token that survives. Built
+    right to left with R_k = valid_k + a_{k+1} R_{k+1}, so there is no division by a_k.
+    """
+    g = a.shape[-1]
+    r = torch.zeros_like(a)
+    acc = torch.zeros_like(a[:, 0])  # R_{k+1}
+    for k in reversed(range(g)):
+        nxt = a[:, k + 1] * acc if k + 1 < g else acc
+        acc = valid[:, k].to(a.dtype) + nxt
+        r[:, k] = acc
+    return survival_before(a) * r
+
+
+def prefix_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
+    """The paper's terms with acceptance-aware CE/TV weights, plus acc_weight * (-E[tau]/γ)."""
+    ce, tv = _row_terms(x)
+    alpha = 1.0 - 0.5 * tv  # (P,), differentiable: L_acc needs its gradient
+    grid = BlockGrid.of(x)
+    a = grid.scatter(alpha, fill=1.0)  # (NB, γ)
+    exp_len = expected_length(a, grid.valid)  # (NB,)
+
+    decay = decay_weights(x.slot, cfg.decay_gamma).to(tv.dtype)
+    # Weights are constants (computed from a detached alpha). With a gradient through them,
+    # lowering w_k = P_{k-1} would itself lower the loss, i.e. the draft would be paid for
+    # making the earlier slots worse. Detached, they only say where effort goes; raising the
+    # survival itself is the job of the TV terms and of L_acc.
+    if cfg.weighting == "decay":
+        w = decay
+    elif cfg.weighting == "survival":
+        w = grid.gather(survival_before(a.detach()))
+    else:  # gain
+        w = grid.gather(acceptance_gain(a.detach(), grid.valid))
+    wsum = w.sum().clamp_min(1e-8)
+    l_ce = (w * ce).sum() / wsum
+    l_tv = (w * tv).sum() / wsum
+    # The confidence head must be calibrated at every slot (the scheduler multiplies them), so
+    # its labels keep the paper's decay weights whatever the CE/TV weights are.
+    l_conf = _conf_term(x, alpha.detach(), decay, decay.sum().clamp_min(1e-8))
+    total = cfg.ce_weight * l_ce + cfg.tv_weight * l_tv + cfg.conf_weight * l_conf
+    mean_len = exp_len.sum() / max(exp_len.numel(), 1)
+    if cfg.acc_weight:
+        total = total + cfg.acc_weight * (-mean_len / x.block_size)
+    return LossOut(total=total, ce=l_ce.detach(), tv=l_tv.detach(), conf=l_conf.detach(),
+                   alpha=alpha.detach(), exp_len=mean_len.detach())
+
+
+LOSSES = {"paper": paper_loss, "prefix": prefix_loss}
+WEIGHTINGS = ("decay", "survival", "gain")
 
 
 def compute_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
     if cfg.kind not in LOSSES:
         raise ValueError(f"loss.kind must be one of {sorted(LOSSES)}, got {cfg.kind!r}")
-    return LOSSES[cfg.kind](x, cfg)
+    if cfg.weighting not in WEIGHTINGS:
+        raise ValueError(f"loss.weighting must be one of {WEIGHTINGS}, got {cfg.weighting!r}")
+    if cfg.kind == "paper" and (cfg.weighting != "decay" or cfg.acc_weight):
+        raise ValueError("loss.kind=paper is the paper's fixed recipe; weighting and acc_weight "
+                         "need loss.kind=prefix (e.g. loss=prefix or loss=expected_length)")
+    out = LOSSES[cfg.kind](x, cfg)
+    if out.exp_len is None and x.block is not None:
+        # Log the teacher-forced E[tau] for every kind, so ablations compare on one number.
+        grid = BlockGrid.of(x)
+        exp_len = expected_length(grid.scatter(out.alpha, fill=1.0), grid.valid)
+        out.exp_len = exp_len.sum() / max(exp_len.numel(), 1)
+    return out
