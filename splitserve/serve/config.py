@@ -1,0 +1,50 @@
+"""Typed configs for serving and benchmarking; defaults live here, the CLI overrides a few."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ModelsConfig:
+    """Which target and draft to load, and where."""
+
+    draft: str  # exported draft directory (or a training run directory)
+    target: str | None = None  # HF directory or "smollm2-135m"; None: the draft run's own target
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 elsewhere) | float32 | bfloat16 | float16
+
+
+@dataclass
+class EngineConfig:
+    """The batch-1 engine: one static target KV cache and one static draft context."""
+
+    max_context: int = 4096  # prompt + generated tokens of one request (capped by the target's positions)
+    use_cuda_graphs: bool = True  # capture the draft+verify round and the AR step; CUDA only, ignored elsewhere
+    verify_kernel: str = "auto"  # auto: Triton on CUDA when installed | torch: the reference
+    seed: int = 0  # generator seed for T>0 requests that bring no seed of their own
+
+
+@dataclass
+class ServerConfig:
+    """The OpenAI-compatible HTTP front end."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model_name: str | None = None  # the id in /v1/models; None: the draft directory's name
+    max_queue: int = 64  # waiting requests beyond this get 503
+    max_body_bytes: int = 4 << 20
+
+
+@dataclass
+class BenchConfig:
+    """`splitserve bench`: batch 1, synthetic random-token prompts, greedy, fixed output length."""
+
+    input_len: int = 128
+    output_len: int = 128
+    num_requests: int = 10
+    warmup: int = 1  # untimed requests first (CUDA graph capture, allocator, caches)
+    seed: int = 0
+    baseline: bool = False  # also: engine AR mode, transformers generate, assisted generation
+    assistant: str | None = None  # small same-tokenizer causal LM for transformers assisted generation
+    json_out: str | None = None

@@ -1,0 +1,226 @@
+"""The batch-1 serving engine: speculative decoding with static shapes, and its AR baseline.
+
+Device state between rounds, for committed tokens x_0 .. x_p (p = `seq_len`):
+    target cache   StaticKVCache, slots 0..p-1 committed, slots >= p stale or empty
+    draft context  StaticDraftContext, slots 0..p-1 committed (the target's captures there)
+    anchor ()      x_p, the last target output, in neither cache yet
+    seq_len ()     p
+    out (γ+2,)     [n, committed tokens of the last round, padding]
+One speculative round (`_spec_round`) touches only these buffers and every shape in it is fixed
+by γ and the capacity L, so it is captured as one CUDA graph:
+    1. draft   d_1..d_γ from [x_p, M, ..., M] at p..p+γ-1, context slots < p visible
+    2. verify  target on [x_p, d_1..d_γ] at p..p+γ (writes γ+1 cache slots)
+    3. accept  n draft tokens + bonus (greedy or rejection sampling, on the device)
+    4. commit  draft context written at p..p+γ (all γ+1; slots > p+n stay hidden),
+               seq_len += n + 1, anchor = bonus, out = [n, d_1..d_n, bonus, ...]
+Rejected tokens are never cropped: the next round starts at the new p, whose masks hide every
+slot at or above it until it is overwritten. The host reads `out` once per round (the tokens to
+stream, which also tell it p) and decides whether to stop; nothing else leaves the device.
+
+AR mode is the same engine without the draft: one token per step through the same static cache.
+Verification width is static (γ+1). Confidence-scheduled verification would pick a shorter
+prefix from the draft's c_k in `_spec_round` (the `conf` it ignores); under CUDA graphs that
+means one graph per width, selected on the host from a second small read, or on the device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+
+from splitserve.kernels import verify as verify_kernels
+from splitserve.models.dspark import DSparkDraft
+from splitserve.serve.config import EngineConfig
+from splitserve.serve.graphs import StepGraphs
+from splitserve.spec import verify as verify_reference
+from splitserve.spec.context import StaticDraftContext
+from splitserve.spec.decode import pick_token
+from splitserve.spec.verify import verify_block
+
+MODES = ("spec", "ar")
+
+
+class ContextLengthError(ValueError):
+    """A request that does not fit the engine's context."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int | None = None
+    eos_ids: frozenset[int] = frozenset()  # empty: ignore EOS (fixed output length)
+
+
+@dataclass
+class GenStats:
+    prompt_tokens: int
+    tokens: list[int] = field(default_factory=list)  # generated ids (EOS included when hit)
+    accepts: list[int] = field(default_factory=list)  # per round: accepted draft tokens n
+    finish_reason: str = "length"  # stop (EOS) | length | cancelled
+    ttft_s: float = 0.0  # request start -> first token on the host
+    token_times: list[float] = field(default_factory=list)  # seconds since start, per generated token
+    total_s: float = 0.0
+
+    @property
+    def accept_length(self) -> float:
+        """τ: tokens committed per target forward after the prefill, bonus included."""
+        return sum(n + 1 for n in self.accepts) / len(self.accepts) if self.accepts else 0.0
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (TTFT excluded)."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+
+
+OnTokens = Callable[[list[int]], bool]  # new committed tokens -> keep going?
+
+
+class Engine:
+    def __init__(self, target, draft: DSparkDraft | None, cfg: EngineConfig | None = None):
+        self.cfg = cfg = cfg or EngineConfig()
+        self.target, self.draft = target, draft
+        self.device = target.device
+        max_pos = getattr(target.model.config, "max_position_embeddings", None)
+        self.max_context = min(cfg.max_context, max_pos) if max_pos else cfg.max_context
+        self.gamma = draft.arch.block_size if draft is not None else 0
+        # γ+1 spare slots: a round at p <= max_context-1 writes up to p+γ.
+        self.capacity = self.max_context + self.gamma + 1
+        self.cache = target.new_static_cache(self.capacity)
+        self.ctx = None
+        if draft is not None:
+            self.ctx = StaticDraftContext(draft, self.capacity, self.device, next(draft.parameters()).dtype)
+        dev = self.device
+        self.seq_len = torch.zeros((), dtype=torch.long, device=dev)
+        self.anchor = torch.zeros((), dtype=torch.long, device=dev)
+        self.out = torch.zeros(self.gamma + 2, dtype=torch.long, device=dev)
+        self._offsets = torch.arange(self.gamma + 1, device=dev)  # (γ+1,)
+        self.generator = torch.Generator(device=dev).manual_seed(cfg.seed)
+        self.graphs = StepGraphs(cfg.use_cuda_graphs, dev, self.generator)
+        if cfg.verify_kernel not in ("auto", "torch"):
+            raise ValueError(f"verify_kernel must be auto or torch, got {cfg.verify_kernel!r}")
+        impl = verify_kernels if cfg.verify_kernel == "auto" else verify_reference
+        self._verify_fns = {"greedy": impl.greedy_verify, "sampling": impl.sampling_verify}
+
+    # ---- fixed-shape steps (graph-capturable: no host sync, device buffers only) -------------
+
+    def _spec_round(self, temperature: float) -> None:
+        p = self.seq_len  # ()
+        d_tok, d_prob, _conf = self.draft.draft(
+            self.ctx.kv, self.anchor, p, temperature, self.generator, ctx_mask=self.ctx.block_mask(p)
+        )  # (γ,), (γ, V) | None
+        pos = p + self._offsets  # (γ+1,)
+        verify_in = torch.cat([self.anchor.view(1), d_tok])  # (γ+1,): x_p, d_1..d_γ
+        logits, cap = self.target.forward_static(verify_in[None], self.cache, pos)  # (1, γ+1, V)
+        n, bonus = verify_block(d_tok, d_prob, logits[0], temperature, self.generator, **self._verify_fns)
+        self.ctx.write(cap.aux, pos)
+        # [d_1..d_n, bonus, bonus, ...]: slot k < n holds d_{k+1}, the rest the bonus.
+        committed = torch.where(self._offsets < n, verify_in.roll(-1), bonus)  # (γ+1,)
+        self.out.copy_(torch.cat([n.view(1), committed]))
+        self.seq_len.add_(n + 1)
+        self.anchor.copy_(bonus)
+
+    def _ar_step(self, temperature: float) -> None:
+        p = self.seq_len
+        logits, _ = self.target.forward_static(self.anchor.view(1, 1), self.cache, p.view(1))  # (1, 1, V)
+        tok = pick_token(logits[0, -1], temperature, self.generator)
+        self.out[0] = 0
+        self.out[1] = tok
+        self.seq_len.add_(1)
+        self.anchor.copy_(tok)
+
+    def _step(self, mode: str, temperature: float):
+        return partial(self._spec_round if mode == "spec" else self._ar_step, temperature)
+
+    # ---- one request --------------------------------------------------------------------
+
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        if prompt_len < 1:
+            raise ContextLengthError("the prompt is empty")
+        if prompt_len >= self.max_context:
+            raise ContextLengthError(
+                f"the prompt has {prompt_len} tokens; this server's context is {self.max_context} tokens "
+                f"(prompt plus generated), so a prompt may have at most {self.max_context - 1}"
+            )
+        if prompt_len + max_tokens > self.max_context:
+            raise ContextLengthError(
+                f"prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) exceeds this server's context "
+                f"of {self.max_context} tokens"
+            )
+
+    def warmup(self, mode: str = "spec", temperature: float = 0.0) -> None:
+        """Capture the step's graph now (no-op off CUDA), so the first request is not slower."""
+        self._reset()
+        self.graphs.prepare((mode, temperature), self._step(mode, temperature))
+
+    def _reset(self) -> None:
+        self.seq_len.zero_()
+        self.anchor.zero_()
+
+    def _prefill(self, prompt_ids: list[int], temperature: float) -> None:
+        ids = torch.tensor([prompt_ids], device=self.device)  # (1, P)
+        pos = torch.arange(len(prompt_ids), device=self.device)  # (P,)
+        logits, cap = self.target.forward_static(ids, self.cache, pos, logits_from=len(prompt_ids) - 1)
+        if self.ctx is not None:
+            self.ctx.write(cap.aux, pos)
+        self.anchor.copy_(pick_token(logits[0, -1], temperature, self.generator))
+        self.seq_len.fill_(len(prompt_ids))
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[int], params: SamplingParams, on_tokens: OnTokens | None = None,
+                 mode: str = "spec") -> GenStats:
+        """Decode one request; `on_tokens` gets each round's committed tokens as they land and
+        returns False to cancel (the engine is then free at once)."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "spec" and self.draft is None:
+            raise ValueError("spec mode needs a draft")
+        self.check_fits(len(prompt_ids), params.max_tokens)
+        start = time.perf_counter()
+        stats = GenStats(prompt_tokens=len(prompt_ids))
+        temperature = float(params.temperature)
+        key, step = (mode, temperature), self._step(mode, temperature)
+        self._reset()
+        self.graphs.prepare(key, step)  # before the prefill: warm-up runs clobber the state
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        self._prefill(prompt_ids, temperature)
+        chunk = [int(self.anchor)]  # host read: the first token
+        stats.ttft_s = time.perf_counter() - start
+        while True:
+            if self._commit(stats, chunk, params, on_tokens, start):
+                break
+            self.graphs.run(key, step)
+            vals = self.out.tolist()  # the one host read per round
+            n = vals[0]
+            if mode == "spec":
+                stats.accepts.append(n)
+            chunk = vals[1 : n + 2]
+        stats.total_s = time.perf_counter() - start
+        return stats
+
+    @staticmethod
+    def _commit(stats: GenStats, chunk: list[int], params: SamplingParams, on_tokens: OnTokens | None,
+                start: float) -> bool:
+        """Append a round's tokens (cut at EOS / max_tokens), hand them out -> finished?"""
+        room = params.max_tokens - len(stats.tokens)
+        chunk = chunk[:room]
+        finish = "length" if len(chunk) == room else None
+        for i, tok in enumerate(chunk):
+            if tok in params.eos_ids:
+                chunk, finish = chunk[: i + 1], "stop"
+                break
+        now = time.perf_counter() - start
+        stats.tokens += chunk
+        stats.token_times += [now] * len(chunk)
+        if chunk and on_tokens is not None and on_tokens(chunk) is False:
+            finish = "cancelled"
+        if finish is not None:
+            stats.finish_reason = finish
+        return finish is not None

@@ -1,0 +1,58 @@
+"""CUDA graphs for the engine's fixed-shape steps (one speculative round, one AR step).
+
+A step is a zero-argument function that reads and writes only persistent device buffers (the
+static caches, the committed length, the anchor, the output buffer), so replaying its captured
+graph is the same as calling it. Keys separate steps whose Python control flow differs (mode,
+greedy vs sampling, temperature); graphs share one memory pool since they never run at once.
+
+Off CUDA, or with use_cuda_graphs off, `run` just calls the step: the CPU path and the GPU path
+execute the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+import torch
+
+Step = Callable[[], None]
+
+
+class StepGraphs:
+    def __init__(self, enabled: bool, device: torch.device, generator: torch.Generator | None = None,
+                 warmup_iters: int = 2):
+        self.enabled = bool(enabled) and device.type == "cuda"
+        self.generator = generator
+        self.warmup_iters = warmup_iters
+        self._graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
+        self._pool = None
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._graphs
+
+    def prepare(self, key: Hashable, step: Step) -> None:
+        """Capture `step` under `key` if it is not captured yet. Warm-up runs execute the step
+        for real, so call this only where the engine state may be clobbered (before a prefill)."""
+        if not self.enabled or key in self._graphs:
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # first calls allocate, autotune and load kernels
+            for _ in range(self.warmup_iters):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self.generator is not None and hasattr(graph, "register_generator_state"):
+            # A user generator must be registered so each replay advances its Philox offset.
+            graph.register_generator_state(self.generator)
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            step()
+        self._pool = graph.pool()
+        self._graphs[key] = graph
+
+    def run(self, key: Hashable, step: Step) -> None:
+        graph = self._graphs.get(key)
+        if graph is None:
+            step()
+        else:
+            graph.replay()
