@@ -7,6 +7,8 @@
     splitserve gen    --out FILE [...]    regenerate a prompt set's assistant turns with the target
     splitserve calibrate RUN_DIR          fit STS temperatures of the confidence head (calibration.json)
     splitserve report SWEEP_DIR           Markdown table and PNG plots over the runs of a sweep
+    splitserve serve  --draft D [...]     OpenAI-compatible HTTP server (batch-1 speculative engine)
+    splitserve bench  --draft D [...]     batch-1 latency on synthetic prompts, optionally vs baselines
 
 `train` and `dump` are Hydra apps over `conf/` (so `-m` multirun sweeps work); the other
 commands take plain flags.
@@ -256,6 +258,72 @@ def gen_main(argv: list[str]) -> None:
     print(summary.format())
 
 
+def _models_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", required=True, help="exported draft directory (or a training run directory)")
+    p.add_argument("--target", default=None, help="target name or HF directory (default: the draft run's own)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 elsewhere) | float32 | bfloat16")
+    p.add_argument("--max-context", type=int, default=4096, help="prompt + generated tokens per request")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run the round eagerly on CUDA too")
+    p.add_argument("--verify-kernel", default="auto", choices=["auto", "torch"])
+
+
+def _models_and_engine(args):
+    from splitserve.serve.config import EngineConfig, ModelsConfig
+
+    return (ModelsConfig(draft=args.draft, target=args.target, device=args.device, dtype=args.dtype),
+            EngineConfig(max_context=args.max_context, use_cuda_graphs=not args.no_cuda_graphs,
+                         verify_kernel=args.verify_kernel))
+
+
+def serve_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="splitserve serve", description="OpenAI-compatible speculative server.")
+    _models_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model-name", default=None, help="model id in /v1/models (default: the draft directory name)")
+    p.add_argument("--max-queue", type=int, default=64)
+    args = p.parse_args(argv)
+
+    from splitserve.models.build import DraftMismatchError
+    from splitserve.serve.app import run_server
+    from splitserve.serve.config import ServerConfig
+
+    models, engine = _models_and_engine(args)
+    server = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue)
+    try:
+        run_server(models, engine, server)
+    except DraftMismatchError as exc:
+        sys.exit(f"splitserve serve: refusing to start: {exc}")
+
+
+def bench_main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog="splitserve bench", description="Batch-1 latency on synthetic prompts.")
+    _models_args(p)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--num-requests", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline", action="store_true", help="also engine AR, transformers generate and assisted")
+    p.add_argument("--assistant", default=None, help="same-tokenizer small causal LM for assisted generation")
+    p.add_argument("--json", dest="json_out", default=None, help="write the report here")
+    args = p.parse_args(argv)
+
+    from splitserve.models.build import DraftMismatchError
+    from splitserve.serve.bench import run_bench
+    from splitserve.serve.config import BenchConfig
+
+    models, engine = _models_and_engine(args)
+    cfg = BenchConfig(input_len=args.input_len, output_len=args.output_len, num_requests=args.num_requests,
+                      warmup=args.warmup, seed=args.seed, baseline=args.baseline, assistant=args.assistant,
+                      json_out=args.json_out)
+    try:
+        run_bench(models, engine, cfg)
+    except DraftMismatchError as exc:
+        sys.exit(f"splitserve bench: {exc}")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -274,6 +342,10 @@ def main(argv: list[str] | None = None) -> None:
         calibrate_main(rest)
     elif cmd == "report":
         report_main(rest)
+    elif cmd == "serve":
+        serve_main(rest)
+    elif cmd == "bench":
+        bench_main(rest)
     else:
         sys.exit(f"splitserve: unknown command {cmd!r}\nusage:\n{USAGE}")
 
