@@ -12,17 +12,26 @@ import time
 import openai
 import pytest
 import torch
-from tiny import tiny_draft, tiny_target
+from tiny import export_tiny_draft, tiny_target
 
 from splitserve import cli
 from splitserve.config import TargetConfig
 from splitserve.data.prompts import encode_prompt
-from splitserve.export import export_draft
 from splitserve.serve.app import make_server
 from splitserve.serve.config import EngineConfig, ModelsConfig, ServerConfig
 from splitserve.serve.loading import eos_ids
 from splitserve.spec.decode import target_decode
 from splitserve.target.hf import load_hf_target
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models: on a shared CPU, intra-op thread hand-offs cost more than the work itself."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 
 MAX_CONTEXT = 1024
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
@@ -30,11 +39,7 @@ MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
 
 @pytest.fixture(scope="module")
 def draft_dir(tiny_smol_dir, tmp_path_factory):
-    target = load_hf_target(TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), layer_ids=[0, 1, 2], device="cpu"))
-    torch.manual_seed(0)
-    draft = tiny_draft(target, block_size=4, markov_rank=4)
-    torch.nn.init.normal_(draft.markov.w2.weight, std=0.5)
-    return export_draft(draft, tmp_path_factory.mktemp("serve") / "draft", target.info)
+    return export_tiny_draft(tiny_smol_dir, tmp_path_factory.mktemp("serve") / "draft")
 
 
 @pytest.fixture(scope="module")

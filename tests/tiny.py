@@ -63,3 +63,15 @@ def save_tiny_smol(out, seed: int = 0, layers: int = 4):
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def export_tiny_draft(target_dir, out, block_size: int = 4, seed: int = 0):
+    """An exported DSpark draft (Markov bias switched on) for the HF target saved at target_dir."""
+    from splitserve.export import export_draft
+    from splitserve.target.hf import load_hf_target
+
+    target = load_hf_target(TargetConfig(name="tiny-smol", path=str(target_dir), layer_ids=[0, 1, 2], device="cpu"))
+    torch.manual_seed(seed)
+    draft = tiny_draft(target, block_size=block_size, markov_rank=4)
+    torch.nn.init.normal_(draft.markov.w2.weight, std=0.5)
+    return export_draft(draft, out, target.info)

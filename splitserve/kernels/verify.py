@@ -128,7 +128,7 @@ def greedy_verify_triton(draft_tokens: torch.Tensor, target_logits: torch.Tensor
     _greedy_kernel[(rows,)](logits, logits.stride(0), vocab, draft_tokens.contiguous(), rows - 1, argmax,
                             first_miss, BLOCK=BLOCK_V)
     n = first_miss[0].long()
-    return n, argmax.long()[n]
+    return n, reference.at(argmax.long(), n)
 
 
 def sampling_verify_triton(

@@ -4,6 +4,7 @@ A step is a zero-argument function that reads and writes only persistent device 
 static caches, the committed length, the anchor, the output buffer), so replaying its captured
 graph is the same as calling it. Keys separate steps whose Python control flow differs (mode,
 greedy vs sampling, temperature); graphs share one memory pool since they never run at once.
+Past `max_graphs` keys (many distinct temperatures), new keys simply run eagerly.
 
 Off CUDA, or with use_cuda_graphs off, `run` just calls the step: the CPU path and the GPU path
 execute the same code.
@@ -20,8 +21,9 @@ Step = Callable[[], None]
 
 class StepGraphs:
     def __init__(self, enabled: bool, device: torch.device, generator: torch.Generator | None = None,
-                 warmup_iters: int = 2):
+                 warmup_iters: int = 2, max_graphs: int = 8):
         self.enabled = bool(enabled) and device.type == "cuda"
+        self.max_graphs = max_graphs
         self.generator = generator
         self.warmup_iters = warmup_iters
         self._graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
@@ -33,7 +35,7 @@ class StepGraphs:
     def prepare(self, key: Hashable, step: Step) -> None:
         """Capture `step` under `key` if it is not captured yet. Warm-up runs execute the step
         for real, so call this only where the engine state may be clobbered (before a prefill)."""
-        if not self.enabled or key in self._graphs:
+        if not self.enabled or key in self._graphs or len(self._graphs) >= self.max_graphs:
             return
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

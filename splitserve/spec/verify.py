@@ -11,6 +11,12 @@ from __future__ import annotations
 import torch
 
 
+def at(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """x[n] for a () device index n. Plain x[n] turns n into a Python int (a host sync, and an
+    error inside CUDA graph capture); index_select keeps it on the device."""
+    return x.index_select(0, n.view(1))[0]
+
+
 def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """draft_tokens: (γ,), target_logits: (γ+1, V) -> (n_accepted (), bonus ()).
 
@@ -20,7 +26,7 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tu
     target_tokens = target_logits.argmax(-1)  # (γ+1,)
     matches = (draft_tokens == target_tokens[:-1]).long()
     n = matches.cumprod(0).sum()
-    return n, target_tokens[n]
+    return n, at(target_tokens, n)
 
 
 def sampling_verify(
@@ -47,9 +53,10 @@ def sampling_verify(
     n = accepted.cumprod(0).sum()
     # Distribution of the next token: residual at the rejected slot, or q_γ if none rejected.
     pad = torch.cat([draft_probs, torch.zeros_like(draft_probs[:1])])  # (γ+1, V), p_{γ+1} = 0
-    residual = (target_probs[n] - pad[n]).clamp_min(0)
+    q_n = at(target_probs, n)  # (V,)
+    residual = (q_n - at(pad, n)).clamp_min(0)
     # Where q == p exactly the residual is empty; fall back to q (a probability-zero event).
-    residual = torch.where(residual.sum() > 0, residual, target_probs[n])
+    residual = torch.where(residual.sum() > 0, residual, q_n)
     # Exponential-race sampling: argmax r / e with e ~ Exp(1) draws from r / sum(r).
     nxt = (residual / residual_noise).argmax()
     return n, nxt
