@@ -139,7 +139,7 @@ def run_split(cfg: RunConfig) -> None:
         watchdog.stop()
     except BaseException as exc:
         traceback.print_exc()
-        watchdog.report_failure(exc)
+        watchdog.fail(exc)
         sys.stderr.flush()
         os._exit(1)  # never hang in a collective the failed peers will not join
     dist.destroy_process_group()

@@ -118,6 +118,20 @@ class Watchdog:
             pass
         print(f"[splitserve] {msg}", file=sys.stderr, flush=True)
 
+    def fail(self, exc: BaseException) -> None:
+        """This rank is going down because of `exc`. If a peer failed first (an error in a
+        collective is often just the echo of a dead peer), name that peer as the cause;
+        otherwise publish this rank as the failure."""
+        try:
+            cause = self._failed_peer(now_only=True)
+        except Exception:  # noqa: BLE001 - the store may be gone too
+            cause = None
+        if cause is None:
+            self.report_failure(exc)
+            return
+        print(f"[splitserve] {self.who(self.rank)} exiting: {cause} (seen here as {type(exc).__name__}: "
+              f"{str(exc)[:200]})", file=sys.stderr, flush=True)
+
     def _beat(self) -> None:
         beat = {"t": time.time(), "host": self._host, "pid": os.getpid(), "status": self.status}
         self.store.set(_hb_key(self.rank), json.dumps(beat))

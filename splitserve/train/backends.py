@@ -216,11 +216,38 @@ class DeepSpeedBackend:
     def lr(self) -> float:
         return self.engine.get_lr()[0]
 
+    # DeepSpeed's own save_checkpoint/load_checkpoint synchronise over the *default* process
+    # group, which here includes the target ranks (they would never join, and the job would
+    # hang). So each draft rank stores its own ZeRO partition (plain torch.save, no collective)
+    # and the full weights come from the writer's draft.safetensors.
+    def _dp_rank(self) -> int:
+        return dist.get_rank(self.engine.optimizer.dp_process_group)
+
     def save(self, ckpt_dir: Path, writer: bool) -> None:
-        self.engine.save_checkpoint(str(Path(ckpt_dir) / "deepspeed"), tag="state")
+        state = {
+            "dp_size": self._dp,
+            "optimizer": self.engine.optimizer.state_dict(),
+            "scheduler": self.engine.lr_scheduler.state_dict(),
+            "global_steps": self.engine.global_steps,
+            "global_samples": self.engine.global_samples,
+        }
+        torch.save(state, Path(ckpt_dir) / f"zero_dp{self._dp_rank()}.pt")
 
     def load(self, ckpt_dir: Path) -> None:
-        self.engine.load_checkpoint(str(Path(ckpt_dir) / "deepspeed"), tag="state")
+        path = Path(ckpt_dir) / f"zero_dp{self._dp_rank()}.pt"
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: the checkpoint was written by a different number "
+                                    f"of draft ranks or by the plain backend (this run has {self._dp})")
+        state = torch.load(path, map_location="cpu", weights_only=False)  # our own file: ZeRO metadata
+        if state["dp_size"] != self._dp:
+            raise ValueError(f"{path} holds a ZeRO partition for {state['dp_size']} draft ranks; "
+                             f"this run has {self._dp}")
+        parts = [None] * self._dp
+        parts[self._dp_rank()] = state["optimizer"]
+        self.engine.optimizer.load_state_dict(parts, load_optimizer_states=True, load_from_fp32_weights=True)
+        self.engine.lr_scheduler.load_state_dict(state["scheduler"])
+        self.engine.global_steps = state["global_steps"]
+        self.engine.global_samples = state["global_samples"]
 
 
 def _single_process_group() -> None:
