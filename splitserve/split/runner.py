@@ -119,8 +119,12 @@ def run_split(cfg: RunConfig) -> None:
         print(f"[split] {roles.describe()}: target ranks {list(roles.target_ranks)}, draft ranks "
               f"{list(roles.draft_ranks)}; {place.backend} transport, channel on {place.channel_device.type}")
     try:
-        # Every rank takes part in creating every group, in the same order.
-        draft_backend = "nccl" if place.backend == "nccl" else "gloo"
+        # Every rank takes part in creating every group, in the same order. The draft ranks
+        # reduce gradients over NCCL whenever each has a GPU of its own, even when the target
+        # ranks share GPUs with them (and so talk to them over gloo).
+        gpus = torch.cuda.device_count()
+        own_gpus = place.device.type == "cuda" and gpus >= len(roles.draft_ranks)
+        draft_backend = "nccl" if place.backend == "nccl" or own_gpus else "gloo"
         draft_group = dist.new_group(list(roles.draft_ranks), backend=draft_backend)
         own_group = None
         if cfg.train.backend == "deepspeed":
@@ -134,7 +138,8 @@ def run_split(cfg: RunConfig) -> None:
         if roles.role_of(place.rank) == "target":
             _target_rank(cfg, roles, place, watchdog, start, finished)
         else:
-            _draft_rank(cfg, roles, place, watchdog, draft_group, own_group, start, finished)
+            reduce_device = place.device if draft_backend == "nccl" else torch.device("cpu")
+            _draft_rank(cfg, roles, place, watchdog, draft_group, own_group, reduce_device, start, finished)
         dist.barrier()  # nobody leaves (taking the store with it) while a peer still evaluates
         watchdog.stop()
     except BaseException as exc:
@@ -153,7 +158,7 @@ def _target_rank(
 
     t_index = roles.target_ranks.index(place.rank)
     target = load_hf_target(cfg.target, place.device)
-    source = build_source(cfg, target, quiet=t_index != 0)
+    source = build_source(cfg, target, quiet=t_index != 0, store_dtype=WIRE_DTYPES[cfg.split.wire_dtype])
     n = _broadcast_ints([source.num_samples], roles.target_ranks[0], place)[0]
     spec = _spec(cfg, target.info)
     fan = FanOutChannel.connect(list(roles.draft_ranks), spec, device=place.channel_device)
@@ -175,26 +180,32 @@ def _target_rank(
             counters.tokens += record.num_tokens
             now = time.perf_counter()
             if now - last_publish > 0.5:
-                _publish(watchdog, fan, counters, now - t0)
+                _publish(watchdog, fan, counters, now - t0, place.device)
                 last_publish = now
     except ConsumerStopped:
         pass  # the trainers finished early (time budget); close() below ends every stream
     fan.close()
-    _publish(watchdog, fan, counters, time.perf_counter() - t0)
+    _publish(watchdog, fan, counters, time.perf_counter() - t0, place.device)
     print(f"[split] target rank {place.rank}: produced {counters.samples} samples, {counters.tokens:,} tokens; "
           f"capture {counters.capture_s:.1f} s, blocked on credits {counters.send_wait_s:.1f} s "
           f"of {counters.wall_s:.1f} s", flush=True)
 
 
-def _publish(watchdog: Watchdog, fan: FanOutChannel, counters: ProducerCounters, wall_s: float) -> None:
+def _peak_mem_gib(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+
+
+def _publish(watchdog: Watchdog, fan: FanOutChannel, counters: ProducerCounters, wall_s: float,
+             device: torch.device) -> None:
     st = fan.stats()
     counters.bytes, counters.send_wait_s, counters.wall_s = st.bytes, st.send_wait_s, wall_s
+    counters.peak_mem_gib = _peak_mem_gib(device)
     counters.in_flight = sum(ch.spec.credits - ch._available for ch in fan.channels)
     watchdog.publish(counters.as_dict())
 
 
 def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, draft_group, own_group,
-                start: int, finished: int) -> None:
+                reduce_device: torch.device, start: int, finished: int) -> None:
     from splitserve.target.hf import load_hf_target
     from splitserve.train.heldout import evaluate_run
     from splitserve.train.loop import train
@@ -205,7 +216,7 @@ def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, draft_g
         index=d_index,
         size=len(roles.draft_ranks),
         group=draft_group,
-        device=place.channel_device,
+        device=reduce_device,
         own_group=own_group,
     )
     # The draft shares the target's embedding and lm_head, and rank 0 evaluates against it.
@@ -249,6 +260,7 @@ def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, draft_g
             "consumed_tokens_per_s": total.tokens / wall,
             "channel_bytes": total.bytes,
             "channel_bytes_per_s": total.bytes / wall,
+            "draft_rank0_peak_mem_gib": _peak_mem_gib(place.device),
             "producers": produced,
             "verdict": v.as_dict(),
         }

@@ -22,6 +22,7 @@ class ProducerCounters:
     send_wait_s: float = 0.0  # blocked with no credit: the trainers were behind
     in_flight: int = 0  # records sent and not yet handed on by a trainer (now)
     wall_s: float = 0.0  # since this rank started producing
+    peak_mem_gib: float = 0.0  # CUDA memory high-water mark of this rank (0 on CPU)
 
     def as_dict(self) -> dict:
         return asdict(self)

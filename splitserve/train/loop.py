@@ -26,7 +26,7 @@ from splitserve.train.sources import DataOrder, DumpSource, RecordSource, Target
 from splitserve.train.step import collate, draft_loss, plan_blocks, position_weight, row_generators
 
 
-def build_source(cfg: RunConfig, target, quiet: bool = False):
+def build_source(cfg: RunConfig, target, quiet: bool = False, store_dtype: torch.dtype = torch.float32):
     """An offline dump if configured, else the target run in-process over tokenized data."""
     if cfg.data.dump_dir:
         from splitserve.offline import DumpReader
@@ -42,7 +42,7 @@ def build_source(cfg: RunConfig, target, quiet: bool = False):
     samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples)
     if not quiet:
         print(f"[train] data {path}: {stats.summary()}")
-    return TargetSource(target, samples)
+    return TargetSource(target, samples, store_dtype)
 
 
 class Logger:
