@@ -103,17 +103,24 @@ def test_context_limits():
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 
-class _ScalarReads(TorchDispatchMode):
-    """Counts aten._local_scalar_dense: every tensor -> Python number conversion ends there,
-    including the ones C++ makes on its own (x[n] with a 0-d tensor n calls it)."""
+aten = torch.ops.aten
+# Ops that make a CUDA device wait for the host or the host for the device: tensor -> Python
+# number (every .item()/int()/bool(), including C++'s own, e.g. x[n] for a 0-d tensor n), and
+# ops whose output shape depends on values.
+SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
+            aten.equal.default, aten.is_nonzero.default, aten._unique2.default, aten.unique_consecutive.default}
 
+
+class _SyncOps(TorchDispatchMode):
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.seen = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += 1
+        bool_index = func is aten.index.Tensor and any(
+            t is not None and t.dtype == torch.bool for t in (args[1] if len(args) > 1 else []))
+        if func in SYNC_OPS or bool_index:
+            self.seen.append(str(func))
         return func(*args, **(kwargs or {}))
 
 
@@ -134,10 +141,10 @@ def test_round_has_no_host_reads(monkeypatch):
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     for temperature in (0.0, 1.0):
-        with _ScalarReads() as scalar_reads:
+        with _SyncOps() as syncs:
             engine._spec_round(temperature)
             engine._ar_step(temperature)
-        assert scalar_reads.count == 0, temperature
+        assert syncs.seen == [], (temperature, syncs.seen)
     assert reads == []
     stats = engine.generate([1, 2, 3], SamplingParams(max_tokens=20))
     # one read of the first token after the prefill, then one `out.tolist()` per round
