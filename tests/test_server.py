@@ -6,6 +6,7 @@ and a draft made for another target is refused at start."""
 import http.client
 import json
 import re
+import socket
 import threading
 import time
 
@@ -260,3 +261,21 @@ def test_incremental_detokenization_matches_full_decode(smollm2_tokenizer):
     stream = TextStream(tok, stop=["wörld"])
     text = "".join(stream.push([t]) for t in emoji) + stream.finish()
     assert text == full[: full.index("wörld")] and stream.stopped
+
+
+def test_client_leaving_a_non_streaming_request_frees_the_engine(server, client):
+    cancelled = _metric(server, 'requests_total{outcome="cancelled"}')
+    sock = socket.create_connection(server.server_address[:2], timeout=60)
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": MAX_CONTEXT - 16, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.monotonic() + 120  # bounds for a stuck test, not timing claims
+    while _metric(server, "requests_running") == 0:
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.02)
+    sock.close()
+    while _metric(server, 'requests_total{outcome="cancelled"}') == cancelled:
+        assert time.monotonic() < deadline, "the generation was not cancelled"
+        time.sleep(0.05)
+    _still_serves(client)

@@ -7,14 +7,16 @@ multi-byte character (decoded as U+FFFD) or could still grow into a stop string.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 REPLACEMENT = "\ufffd"
 
 
 class TextStream:
-    def __init__(self, tokenizer: Any, stop: list[str] | None = None):
+    def __init__(self, tokenizer: Any, stop: list[str] | None = None, lock: Any = None):
         self.tok = tokenizer
+        self.lock = lock or contextlib.nullcontext()  # shared with other threads using the tokenizer
         self.stop = [s for s in (stop or []) if s]
         self.ids: list[int] = []
         self.prefix_offset = 0  # window start: tokens decoded once already, kept for context
@@ -24,7 +26,8 @@ class TextStream:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
+        with self.lock:
+            return self.tok.decode(ids, skip_special_tokens=True)
 
     def _advance(self, final: bool) -> None:
         prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import select
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from splitserve.serve.config import ServerConfig
@@ -25,6 +29,7 @@ from splitserve.serve.worker import EngineWorker, Job, QueueFullError
 
 log = logging.getLogger("splitserve.serve")
 DISCONNECTS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+CLIENT_CHECK_S = 0.25  # how often a waiting handler looks for a client that left
 
 
 class SplitServer(ThreadingHTTPServer):
@@ -33,6 +38,9 @@ class SplitServer(ThreadingHTTPServer):
     def __init__(self, engine: Engine, tokenizer, eos_ids: frozenset[int], cfg: ServerConfig, model_name: str):
         self.engine, self.tokenizer, self.eos_ids, self.cfg = engine, tokenizer, eos_ids, cfg
         self.model_name = model_name
+        # Fast tokenizers refuse concurrent use from threads ("Already borrowed"); encode and
+        # decode are short, so one lock for both.
+        self.tokenizer_lock = threading.Lock()
         self.metrics = Metrics()
         self.worker = EngineWorker(engine, self.metrics, cfg.max_queue)
         super().__init__((cfg.host, cfg.port), Handler)
@@ -125,7 +133,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         try:
             body = self._read_body()
-            req = parse_request(body, path == "/v1/chat/completions", self.server.tokenizer, self.server.model_name)
+            with self.server.tokenizer_lock:
+                req = parse_request(body, path == "/v1/chat/completions", self.server.tokenizer,
+                                    self.server.model_name)
             params = self._params(req)
             job = self.server.worker.submit(req.prompt_ids, params)
         except ApiError as err:
@@ -139,7 +149,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(500, ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error").body())
             return
         reply = Reply(req.chat, self.server.model_name)
-        text = TextStream(self.server.tokenizer, req.stop)
+        text = TextStream(self.server.tokenizer, req.stop, self.server.tokenizer_lock)
         try:
             if req.stream:
                 self._stream(job, req, reply, text)
@@ -160,12 +170,30 @@ class Handler(BaseHTTPRequestHandler):
         eos = frozenset() if req.ignore_eos else self.server.eos_ids
         return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, seed=req.seed, eos_ids=eos)
 
-    @staticmethod
-    def _events(job: Job, text: TextStream):
-        """-> (text delta, None) per round, then ("", (finish_reason, completion tokens))."""
-        count = 0
+    def _client_gone(self) -> bool:
+        """True when the peer closed its side (readable, and a peek returns EOF)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def _events(self, job: Job, text: TextStream):
+        """-> (text delta, None) per round, then ("", (finish_reason, completion tokens)).
+        While waiting (queued, or a slow round) it checks the client is still there, so a
+        non-streaming client that leaves frees the engine too."""
+        count, checked = 0, time.monotonic()
         while True:
-            kind, value = job.events.get()
+            try:
+                kind, value = job.events.get(timeout=CLIENT_CHECK_S)
+            except queue.Empty:
+                kind, value = None, None
+            if time.monotonic() - checked >= CLIENT_CHECK_S:
+                checked = time.monotonic()
+                if self._client_gone():
+                    raise ConnectionAbortedError("client closed the connection")
+            if kind is None:
+                continue
             if kind == "tokens":
                 count += len(value)
                 delta = text.push(value)
