@@ -146,6 +146,7 @@ class SplitConfig:
     num_target_ranks: int = 1
     target_ranks: list[int] | None = None
     credits: int = 4  # records a target rank may have in flight to each draft rank
+    prefetch: int = 2  # records a draft rank receives ahead of the step that needs them
     wire_dtype: str = "float32"  # float32 | bfloat16: hidden states on the wire
     max_tokens: int | None = None  # receive buffer length; None: data.max_length
     # auto: NCCL when every rank has a GPU of its own, else gloo (GPU ranks stage through host

@@ -228,13 +228,13 @@ def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, draft_g
     first = routing.first_producer(start)
     producers = [roles.target_ranks[(first + i) % n_t] for i in range(n_t)]
     fan = FanInChannel.connect(producers, spec, device=place.channel_device)
-    source = ChannelSource(fan, n)
+    source = ChannelSource(fan, n, prefetch=cfg.split.prefetch)
     window = RateWindow(n_draft=part.size, n_target=n_t)
     t_train = time.perf_counter()
 
     def consumed() -> ConsumerCounters:
         st = fan.stats()
-        s = part.sum([source.records, source.tokens, st.bytes, st.recv_wait_s])
+        s = part.sum([source.records, source.tokens, st.bytes, source.wait_s])
         return ConsumerCounters(int(s[0]), int(s[1]), int(s[2]), s[3])
 
     def telemetry(wall_s: float) -> dict:
@@ -245,6 +245,7 @@ def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, draft_g
     result = train(cfg, target, source=source, part=part, telemetry=telemetry)
     wall = time.perf_counter() - t_train
     total = consumed()
+    source.close()
     fan.close()
     if part.writer:
         time.sleep(2 * cfg.split.heartbeat_s)  # let the producers' last counters land

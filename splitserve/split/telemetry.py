@@ -35,7 +35,7 @@ class ConsumerCounters:
     samples: int = 0
     tokens: int = 0
     bytes: int = 0
-    recv_wait_s: float = 0.0  # blocked waiting for a record: the target ranks were behind
+    recv_wait_s: float = 0.0  # trainers blocked waiting for data: the target ranks were behind
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Protocol
 
 import torch
@@ -191,7 +192,12 @@ class DeepSpeedBackend:
         opt = _optimizer(params, cfg)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, cfg.max_steps))
         self.config = deepspeed_config(cfg, self._dp, micro_batch, bf16)
+        # DeepSpeed picks its GPU from LOCAL_RANK; ranks sharing a GPU (or a placement that is
+        # not LOCAL_RANK) need the draft's own device named explicitly.
+        device = next(draft.parameters()).device
+        args = SimpleNamespace(device_rank=device.index or 0) if device.type == "cuda" else None
         self.engine, _, _, _ = deepspeed.initialize(
+            args=args,
             model=draft,
             model_parameters=params,
             optimizer=opt,

@@ -6,6 +6,9 @@ network channel is a third source behind the same `get` call.
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from typing import Protocol
 
 import torch
@@ -89,18 +92,47 @@ class DataOrder:
 class ChannelSource:
     """Records arriving from target ranks over a channel, in the order the routing promises.
 
+    A receiver thread pulls up to `prefetch` records ahead, so moving the next step's hidden
+    states (the transport's payload, copies) overlaps the current step's compute; torch's
+    transports release the GIL while they wait. `wait_s` is the time the trainer itself spent
+    blocked for data: the honest "trainer wait".
+
     Each record is checked against the sample index the trainer expects, so a routing bug can
-    never silently train on the wrong data.
+    never silently train on the wrong data. Call `close()` before closing the channel.
     """
 
-    def __init__(self, channel, num_samples: int):
+    def __init__(self, channel, num_samples: int, prefetch: int = 2):
         self.channel, self.num_samples = channel, num_samples
         self.records = self.tokens = 0
+        self.wait_s = 0.0
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, name="splitserve-receiver", daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self.channel.recv()
+            except BaseException as exc:  # noqa: BLE001 - handed to the trainer, raised there
+                item = exc
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if item is None or isinstance(item, BaseException):
+                return
 
     def get(self, indices: list[int]) -> list[HiddenRecord]:
         out = []
         for i in indices:
-            record = self.channel.recv()
+            t0 = time.perf_counter()
+            record = self._queue.get()
+            self.wait_s += time.perf_counter() - t0
+            if isinstance(record, BaseException):
+                raise record
             if record is None:
                 raise RuntimeError(f"the target ranks ended their stream before sample {i}")
             if record.sample_id != i:
@@ -109,3 +141,9 @@ class ChannelSource:
             self.tokens += record.num_tokens
             out.append(record)
         return out
+
+    def close(self) -> None:
+        """Stop the receiver (it finishes the receive in progress; the producers keep sending
+        until told to stop, so that receive always completes)."""
+        self._stop.set()
+        self._thread.join()
