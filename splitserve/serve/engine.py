@@ -130,8 +130,8 @@ class Engine:
         p = self.seq_len
         logits, _ = self.target.forward_static(self.anchor.view(1, 1), self.cache, p.view(1))  # (1, 1, V)
         tok = pick_token(logits[0, -1], temperature, self.generator)
-        self.out[0] = 0
-        self.out[1] = tok
+        self.out[0].zero_()  # in-place on the device: a Python scalar would be a host copy
+        self.out[1].copy_(tok)
         self.seq_len.add_(1)
         self.anchor.copy_(tok)
 
