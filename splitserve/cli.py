@@ -3,7 +3,7 @@
     splitserve train  [hydra overrides]   distil a draft, then evaluate it on held-out prompts
     splitserve dump   [hydra overrides]   store the target's hidden states for offline training
     splitserve eval   --draft D [...]     speculative decoding against the real target
-    splitserve export RUN_DIR OUT_DIR     Hugging Face checkpoint of a trained draft
+    splitserve export RUN_DIR OUT_DIR     Hugging Face (or --format sglang) checkpoint of a trained draft
     splitserve gen    --out FILE [...]    regenerate a prompt set's assistant turns with the target
     splitserve calibrate RUN_DIR          fit STS temperatures of the confidence head (calibration.json)
     splitserve report SWEEP_DIR           Markdown table and PNG plots over the runs of a sweep
@@ -81,7 +81,11 @@ def hydra_app(command: str, argv: list[str]) -> None:
 
             _save_resolved(cfg, Path(cfg.run_dir))
             result = train(cfg)
-            if cfg.eval.enabled:
+            if cfg.eval.enabled and cfg.target.backend != "transformers":
+                # Held-out evaluation decodes, which only the transformers backend does.
+                print(f"[train] held-out evaluation skipped (target.backend={cfg.target.backend} only captures); "
+                      f"run: splitserve eval --draft {cfg.run_dir}")
+            elif cfg.eval.enabled:
                 evaluate_run(cfg, result.target, result.draft)
         else:
             from splitserve.offline.capture import run_dump
@@ -139,10 +143,15 @@ def eval_main(argv: list[str]) -> None:
 
 
 def export_main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="splitserve export", description="Export a trained draft as an HF checkpoint.")
+    p = argparse.ArgumentParser(prog="splitserve export", description="Export a trained draft as an HF checkpoint "
+                                "(default) or as the checkpoint SGLang's DSPARK/DFLASH draft loader reads.")
     p.add_argument("run_dir")
     p.add_argument("out_dir")
     p.add_argument("--target", default=None, help="target name or HF directory (default: the run's own)")
+    p.add_argument("--format", choices=["hf", "sglang"], default="hf", help="checkpoint layout (default: hf)")
+    p.add_argument("--algorithm", choices=["dspark", "dflash"], default=None,
+                   help="sglang format: the speculative algorithm to serve with (default: dspark; see docs/sglang.md)")
+    p.add_argument("--keep-fp32", action="store_true", help="sglang format: keep float32 weights (default: bfloat16)")
     args = p.parse_args(argv)
 
     from splitserve.config import TargetConfig
@@ -157,6 +166,18 @@ def export_main(argv: list[str]) -> None:
                                          layer_ids=list(arch.target_layer_ids), device="cpu"))
     draft = load_draft(args.run_dir, target)
     calibration = load_calibration(args.run_dir)
+    if args.format == "sglang":
+        from splitserve.export.sglang import export_sglang, launch_command
+
+        text_cfg = target.model.config.get_text_config()
+        exp = export_sglang(draft, args.out_dir, target.info.num_layers, calibration, args.algorithm,
+                            args.keep_fp32, int(getattr(text_cfg, "max_position_embeddings", 32768)))
+        print(f"exported {args.run_dir} ({kind}) -> {exp.out_dir} for SGLang {exp.algorithm.upper()}")
+        if exp.algorithm == "dflash":
+            print("warning: SGLang's DFLASH worker reads block slot j as the j-th token after the anchor, one "
+                  "later than splitserve trains; serve with DSPARK for the draft's own predictions (docs/sglang.md)")
+        print(launch_command(exp, target_path))
+        return
     out = export_draft(draft, args.out_dir, target.info, calibration)
     print(f"exported {args.run_dir} ({kind}) -> {out}" + (" with STS calibration" if calibration else ""))
 

@@ -16,13 +16,16 @@ class TargetConfig:
     name: str = "smollm2-135m"
     # "smollm2-135m" resolves to the embedded default; anything else is a HF model directory.
     path: str = "smollm2-135m"
-    backend: str = "transformers"
+    backend: str = "transformers"  # transformers | sglang (CUDA, training and dump only; docs/sglang.md)
     dtype: str = "float32"  # float32 | bfloat16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # Captured layers (HF indexing: hidden_states[l + 1] is the output of layer l).
     # None means the default rule in target/layers.py with `num_capture_layers` layers.
     layer_ids: list[int] | None = None
     num_capture_layers: int = 5
+    # sglang backend: share of the GPU SGLang may take for the target's weights and KV pool (the
+    # draft trains on the same GPU).
+    sglang_mem_fraction: float = 0.4
 
 
 @dataclass

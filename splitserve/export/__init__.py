@@ -1,4 +1,5 @@
 from splitserve.export.export import export_draft
 from splitserve.export.hf import DSparkConfig, DSparkDraftModel, register
+from splitserve.export.sglang import export_sglang
 
-__all__ = ["DSparkConfig", "DSparkDraftModel", "export_draft", "register"]
+__all__ = ["DSparkConfig", "DSparkDraftModel", "export_draft", "export_sglang", "register"]

@@ -19,9 +19,9 @@ from splitserve.train.sources import TargetSource
 
 def run_dump(cfg: RunConfig, target=None) -> Path:
     from splitserve.data import load_samples, resolve_train_path
-    from splitserve.target.hf import load_hf_target
+    from splitserve.target import load_target
 
-    target = target or load_hf_target(cfg.target)
+    target = target or load_target(cfg.target)
     path = resolve_train_path(cfg.data.train_path)
     samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples)
     print(f"[dump] data {path}: {stats.summary()}")

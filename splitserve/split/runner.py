@@ -153,11 +153,11 @@ def run_split(cfg: RunConfig) -> None:
 def _target_rank(
     cfg: RunConfig, roles: Roles, place: Placement, watchdog: Watchdog, start: int, finished: int
 ) -> None:
-    from splitserve.target.hf import load_hf_target
+    from splitserve.target import load_target
     from splitserve.train.loop import build_source
 
     t_index = roles.target_ranks.index(place.rank)
-    target = load_hf_target(cfg.target, place.device)
+    target = load_target(cfg.target, place.device)
     source = build_source(cfg, target, quiet=t_index != 0, store_dtype=WIRE_DTYPES[cfg.split.wire_dtype])
     n = _broadcast_ints([source.num_samples], roles.target_ranks[0], place)[0]
     spec = _spec(cfg, target.info)

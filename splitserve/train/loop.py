@@ -136,13 +136,14 @@ def train(
     job each draft rank calls this with its `part` and a `source` fed by the target ranks;
     `telemetry(wall_s)` then adds channel figures to every log step.
     """
-    from splitserve.target.hf import load_hf_target, pick_device
+    from splitserve.target import load_target
+    from splitserve.target.hf import pick_device
 
     part = part or Partition()
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = pick_device(cfg.train.device)
-    target = target or load_hf_target(cfg.target, device)
+    target = target or load_target(cfg.target, device)
     torch.manual_seed(cfg.train.seed)
     arch = resolve_arch(cfg.draft, target.info, target.model.config, target.tokenizer)
     draft = build_draft(arch, target).float().to(device)

@@ -1,0 +1,263 @@
+"""SGLang target backend: the frozen target run in-process by SGLang's model runner (CUDA only).
+
+NOT YET RUN: written against SGLang's source and not yet executed (it needs sglang and a CUDA GPU).
+The parity test (tests/test_sglang_backend.py) runs wherever both exist. docs/sglang.md lists what
+is established and what is not.
+
+It captures exactly what the transformers backend captures (`Capture`: the m captured layers'
+outputs and the final-norm hidden state) for training and `splitserve dump`; it does not decode,
+so held-out evaluation, `eval` and `serve` keep the transformers backend.
+
+SGLang touchpoints, each taken from sgl-project/sglang unless noted:
+  python/sglang/srt/models/qwen3.py (and llama.py, qwen2.py): `set_dflash_layers_to_capture(ids)`
+      / `set_eagle3_layers_to_capture(ids)` set `model.layers_to_capture = [l + 1 for l in ids]`;
+      the decoder loop captures the residual stream entering layer l+1 (the output of layer l,
+      HF `hidden_states[l + 1]`) in ascending layer order, and the causal LM calls
+      `logits_processor(input_ids, hidden_states, lm_head, forward_batch, aux_hidden_states)`
+      with `hidden_states` after the final norm. A pre-hook on that call reads both.
+  python/sglang/srt/model_executor/model_runner.py: ModelRunner(model_config, mem_fraction_static,
+      gpu_id, tp_rank, tp_size, moe_ep_rank, moe_ep_size, pp_rank, pp_size, nccl_port, server_args)
+  python/sglang/srt/managers/schedule_batch.py: Req, ScheduleBatch.init_new, prepare_for_extend,
+      get_model_worker_batch; forward_batch_info.py: ForwardBatch.init_new
+  The extend sequence is the one SpecForge's SGLang target runs for DFlash/EAGLE3 training data
+  (sgl-project/SpecForge specforge/modeling/target/dflash_target_model.py, `_extend`).
+Glossary: B batch, T tokens, D hidden, V vocab, m captured layers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import socket
+from typing import Any
+
+import torch
+
+from splitserve.assets import resolve_target_path
+from splitserve.config import TargetConfig
+from splitserve.target.backend import Capture, TargetInfo
+from splitserve.target.hf import DTYPES, _info_from_config, load_tokenizer
+
+DECODE_MESSAGE = (
+    "the sglang target backend only captures hidden states (train, dump); speculative decoding "
+    "(held-out eval, splitserve eval/serve/calibrate) runs on target.backend=transformers"
+)
+
+
+class SGLangUnavailable(RuntimeError):
+    """target.backend=sglang was selected where it cannot run."""
+
+
+def _sglang_installed() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+def missing_requirements(device: str | torch.device | None) -> list[str]:
+    """Why the sglang backend cannot start here ([] when it can). Imports nothing heavy."""
+    problems = []
+    if not _sglang_installed():
+        problems.append("the sglang package is not installed (pip install -e '.[sglang]')")
+    if not torch.cuda.is_available():
+        problems.append("no CUDA GPU is visible (SGLang's model runner needs one)")
+    elif device is not None and str(device) != "auto" and torch.device(device).type != "cuda":
+        problems.append(f"target.device={device} is not a CUDA device")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        problems.append(
+            "a torch.distributed process group is already running (a torchrun split job): SGLang would "
+            "build its parallel groups over the whole world; dump with the sglang backend in a plain "
+            "process instead (splitserve dump target.backend=sglang), then train from the dump"
+        )
+    return problems
+
+
+def _gpu_index(device: str | torch.device | None) -> int:
+    if device is None or str(device) == "auto":
+        return torch.cuda.current_device()
+    dev = torch.device(device)
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _accepted(fn, kwargs: dict) -> dict:
+    """The kwargs `fn` takes: SGLang adds and drops constructor arguments between releases."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def start_runner(path: str, cfg: TargetConfig, gpu_id: int):
+    """SGLang's ModelRunner for one GPU, tensor parallel 1, no CUDA graphs (prefill only)."""
+    from sglang.srt import server_args as sa
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    torch.cuda.set_device(gpu_id)
+    server_args = sa.ServerArgs(model_path=path, dtype=cfg.dtype, tp_size=1, pp_size=1, disable_cuda_graph=True,
+                                mem_fraction_static=cfg.sglang_mem_fraction)
+    if hasattr(sa, "set_global_server_args_for_scheduler"):  # newer releases read it back globally
+        sa.set_global_server_args_for_scheduler(server_args)
+    kwargs = dict(model_config=ModelConfig.from_server_args(server_args), mem_fraction_static=cfg.sglang_mem_fraction,
+                  gpu_id=gpu_id, tp_rank=0, tp_size=1, moe_ep_rank=0, moe_ep_size=1, pp_rank=0, pp_size=1,
+                  nccl_port=_free_port(), server_args=server_args)
+    try:
+        return ModelRunner(**_accepted(ModelRunner.__init__, kwargs))
+    except TypeError as exc:
+        raise SGLangUnavailable(f"this sglang's ModelRunner takes other arguments than this backend passes: "
+                                f"{exc}") from exc
+
+
+def _tree_cache(runner):
+    """A fresh radix cache over the runner's pools (constructor changed across releases)."""
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    page_size = runner.server_args.page_size
+    try:
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    except ImportError:
+        return RadixCache(req_to_token_pool=runner.req_to_token_pool,
+                          token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator, page_size=page_size)
+    return RadixCache(CacheInitParams(disable=False, req_to_token_pool=runner.req_to_token_pool,
+                                      token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+                                      page_size=page_size))
+
+
+class SGLangTarget:
+    """Implements the capture half of `TargetBackend` with SGLang's model runner."""
+
+    def __init__(self, runner, info: TargetInfo, tokenizer: Any = None, gpu_id: int = 0):
+        self.runner = runner
+        self._device = torch.device("cuda", gpu_id)
+        self.model = runner.model  # its .config is the target's HF config (read by resolve_arch)
+        self.info = info
+        self.tokenizer = tokenizer
+        self._final: torch.Tensor | None = None
+        self._aux: torch.Tensor | None = None
+        ids = list(info.layer_ids)
+        if ids != sorted(set(ids)):
+            # SGLang captures each layer once, in ascending order; the draft's W_c columns follow ids.
+            raise ValueError(f"the sglang backend needs strictly increasing target.layer_ids, got {ids}")
+        setter = getattr(self.model, "set_dflash_layers_to_capture", None) or getattr(
+            self.model, "set_eagle3_layers_to_capture", None)
+        if setter is None:
+            raise SGLangUnavailable(f"SGLang's {type(self.model).__name__} cannot capture layer outputs "
+                                    "(no set_dflash_layers_to_capture / set_eagle3_layers_to_capture)")
+        setter(ids)
+        self.model.logits_processor.register_forward_pre_hook(self._on_logits, with_kwargs=True)
+
+    def _on_logits(self, _module, args, kwargs):
+        # logits_processor(input_ids, hidden_states, lm_head, forward_batch, aux_hidden_states)
+        self._final = args[1] if len(args) > 1 else kwargs["hidden_states"]
+        aux = args[4] if len(args) > 4 else kwargs.get("aux_hidden_states")
+        self._aux = None if aux is None else torch.cat(list(aux), dim=-1)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def _extend(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One prefill of all rows -> final (ΣT, D), aux (ΣT, m*D), rows concatenated."""
+        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        total = sum(len(r) for r in rows)
+        pool = getattr(self.runner, "max_total_num_tokens", None)
+        if pool is not None and total > pool:
+            raise ValueError(f"a capture of {total} tokens exceeds SGLang's KV pool of {pool} tokens "
+                             "(raise target.sglang_mem_fraction or lower data.max_length)")
+        reqs = []
+        for i, ids in enumerate(rows):
+            req = Req(rid=f"capture-{i}", origin_input_text="", origin_input_ids=list(ids),
+                      sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+            req.fill_ids = req.origin_input_ids
+            req.extend_input_len = len(req.fill_ids) - len(req.prefix_indices)
+            reqs.append(req)
+        batch = ScheduleBatch.init_new(**_accepted(ScheduleBatch.init_new, dict(
+            reqs=reqs, req_to_token_pool=self.runner.req_to_token_pool,
+            token_to_kv_pool_allocator=self.runner.token_to_kv_pool_allocator, tree_cache=_tree_cache(self.runner),
+            model_config=self.runner.model_config, enable_overlap=False, spec_algorithm=SpeculativeAlgorithm.NONE)))
+        batch.prepare_for_extend()
+        forward_batch = ForwardBatch.init_new(batch.get_model_worker_batch(), self.runner)
+        self._final = self._aux = None
+        try:
+            self.runner.forward(forward_batch)
+        finally:  # nothing is cached between captures: every record depends on its own tokens only
+            self.runner.req_to_token_pool.clear()
+            self.runner.token_to_kv_pool_allocator.clear()
+        final, aux = self._final, self._aux
+        m_d = len(self.info.layer_ids) * self.info.hidden_size
+        if final is None or aux is None or tuple(aux.shape) != (total, m_d) or final.shape[0] != total:
+            raise RuntimeError(
+                f"SGLang returned final {None if final is None else tuple(final.shape)} and aux "
+                f"{None if aux is None else tuple(aux.shape)}; expected ({total}, {self.info.hidden_size}) and "
+                f"({total}, {m_d}): this sglang captures layers differently from the release this backend targets"
+            )
+        return final, aux
+
+    @torch.no_grad()
+    def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Capture:
+        """input_ids: (B, T), right-padded where attention_mask says so -> aux (B, T, m*D),
+        final (B, T, D); padded positions are zero. Each row is its own request (no padding
+        reaches SGLang)."""
+        b, t = input_ids.shape
+        lengths = [t] * b if attention_mask is None else attention_mask.sum(-1).tolist()
+        if attention_mask is not None and any(not attention_mask[i, :n].all() for i, n in enumerate(lengths)):
+            raise ValueError("the sglang backend takes right-padded batches only")
+        rows = [input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
+        final, aux = self._extend(rows)
+        out_aux = aux.new_zeros(b, t, aux.shape[-1])  # (B, T, m*D)
+        out_final = final.new_zeros(b, t, final.shape[-1])  # (B, T, D)
+        start = 0
+        for i, n in enumerate(lengths):
+            out_aux[i, :n], out_final[i, :n] = aux[start : start + n], final[start : start + n]
+            start += n
+        return Capture(aux=out_aux, final=out_final)
+
+    def embed_weight(self) -> torch.Tensor:
+        # SGLang pads the vocab of its embedding / lm_head (VocabParallelEmbedding); keep V rows.
+        return self.model.get_input_embeddings().weight[: self.info.vocab_size]
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.lm_head.weight[: self.info.vocab_size]
+
+    def new_cache(self):
+        raise NotImplementedError(DECODE_MESSAGE)
+
+    def forward_cached(self, input_ids, cache, logits_from: int = 0):
+        raise NotImplementedError(DECODE_MESSAGE)
+
+    def crop_cache(self, cache, length: int) -> None:
+        raise NotImplementedError(DECODE_MESSAGE)
+
+    def new_static_cache(self, max_len: int):
+        raise NotImplementedError(DECODE_MESSAGE)
+
+    def forward_static(self, input_ids, cache, positions, logits_from: int = 0):
+        raise NotImplementedError(DECODE_MESSAGE)
+
+
+def load_sglang_target(cfg: TargetConfig, device: torch.device | str | None = None) -> SGLangTarget:
+    """Check that SGLang can run here (before anything heavy), then start it on the target."""
+    where = device if device is not None else cfg.device
+    problems = missing_requirements(where)
+    if problems:
+        raise SGLangUnavailable("target.backend=sglang cannot start: " + "; ".join(problems))
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"target.dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
+    from transformers import AutoConfig
+
+    path = resolve_target_path(cfg.path)
+    info = _info_from_config(AutoConfig.from_pretrained(path), cfg, cfg.name)
+    gpu_id = _gpu_index(where)
+    return SGLangTarget(start_runner(path, cfg, gpu_id), info, load_tokenizer(path), gpu_id)
