@@ -66,6 +66,7 @@ class Watchdog:
         self.status: dict = {}  # published with every heartbeat; replace it, do not mutate it
         self._host = socket.gethostname()
         self._sigterm_r: int | None = None
+        self._exiting: str | None = None  # set when leaving because of another rank's failure
 
     def who(self, rank: int) -> str:
         return f"rank {rank} ({self.roles.get(rank, 'unknown role')})"
@@ -92,9 +93,7 @@ class Watchdog:
             cause = self._failed_peer(now_only=True) or "no failed peer found"
         except Exception as exc:  # noqa: BLE001 - any store error: report it, still exit
             cause = f"the rendezvous store is gone ({type(exc).__name__})"
-        print(f"[splitserve] {self.who(self.rank)} exiting: stopped by the launcher; cause: {cause}",
-              file=sys.stderr, flush=True)
-        self.exit_fn(1)
+        self._exit_because(cause, prefix="stopped by the launcher; cause: ")
 
     def _sigterm_seen(self) -> bool:
         if self._sigterm_r is None:
@@ -129,11 +128,18 @@ class Watchdog:
         if cause is None:
             self.report_failure(exc)
             return
+        self._exiting = cause
+        try:
+            self._beat()
+        except Exception:  # noqa: BLE001, S110 - the store may be gone; the caller exits anyway
+            pass
         print(f"[splitserve] {self.who(self.rank)} exiting: {cause} (seen here as {type(exc).__name__}: "
               f"{str(exc)[:200]})", file=sys.stderr, flush=True)
 
     def _beat(self) -> None:
         beat = {"t": time.time(), "host": self._host, "pid": os.getpid(), "status": self.status}
+        if self._exiting:
+            beat["exiting"] = self._exiting  # peers report this root cause, not this rank
         self.store.set(_hb_key(self.rank), json.dumps(beat))
 
     def publish(self, status: dict) -> None:
@@ -151,12 +157,20 @@ class Watchdog:
         return json.loads(value)["status"]
 
     def _failed_peer(self, now_only: bool = False) -> str | None:
-        """A description of a failed peer, or None. `now_only`: also name the peer whose
-        heartbeat is oldest, without waiting for it to go stale (we are being stopped)."""
+        """A description of the failure that should stop this rank, or None.
+
+        In order: a rank that raised (FAILED_KEY); a peer that is exiting because of another
+        failure (its heartbeat carries that root cause, so it propagates instead of the
+        secondary exit being blamed); a peer process on this host that is gone (the one silent
+        longest, i.e. the first to die); a heartbeat stale for `stale_after_s`. `now_only`:
+        also name the peer whose heartbeat is oldest without waiting for it to go stale (we
+        are being stopped)."""
         if self.store.check([FAILED_KEY]):
             return self.store.get(FAILED_KEY).decode()
         now = time.monotonic()
         oldest: tuple[float, int] | None = None
+        dead: list[tuple[float, str]] = []  # (age of last heartbeat, description)
+        stale: str | None = None
         for peer in range(self.world_size):
             if peer == self.rank or not self.store.check([_hb_key(peer)]):
                 continue
@@ -164,9 +178,11 @@ class Watchdog:
             if value == "done":
                 continue
             beat = json.loads(value)
-            if beat["host"] == self._host and not _pid_alive(beat["pid"]):
-                return f"{self.who(peer)} died (process {beat['pid']} is gone)"
+            if beat.get("exiting"):
+                return beat["exiting"]
             age = time.time() - beat["t"]
+            if beat["host"] == self._host and not _pid_alive(beat["pid"]):
+                dead.append((age, f"{self.who(peer)} died (process {beat['pid']} is gone)"))
             if oldest is None or age > oldest[0]:
                 oldest = (age, peer)
             # Compare a peer's heartbeat with its previous value on *our* clock, so ranks on
@@ -174,11 +190,25 @@ class Watchdog:
             prev = self._last_seen.get(peer)
             if prev is None or prev[0] != value:
                 self._last_seen[peer] = (value, now)
-            elif now - prev[1] > self.stale_after_s:
-                return f"{self.who(peer)} stopped responding (no heartbeat for {now - prev[1]:.0f} s)"
+            elif now - prev[1] > self.stale_after_s and stale is None:
+                stale = f"{self.who(peer)} stopped responding (no heartbeat for {now - prev[1]:.0f} s)"
+        if dead:
+            return max(dead)[1]
+        if stale:
+            return stale
         if now_only and oldest is not None and oldest[0] > 2 * self.interval_s:
             return f"{self.who(oldest[1])} stopped responding (last heartbeat {oldest[0]:.1f} s ago)"
         return None
+
+    def _exit_because(self, cause: str, prefix: str = "") -> None:
+        """Tell peers why this rank leaves (they report `cause`, not this rank), then exit."""
+        self._exiting = cause
+        try:
+            self._beat()
+        except Exception:  # noqa: BLE001, S110 - the store may be gone; exiting matters more
+            pass
+        print(f"[splitserve] {self.who(self.rank)} exiting: {prefix}{cause}", file=sys.stderr, flush=True)
+        self.exit_fn(1)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -191,6 +221,5 @@ class Watchdog:
             except Exception as exc:  # the store host (rank 0) died
                 failure = f"lost the rendezvous store ({type(exc).__name__}: {exc}); rank 0 is probably dead"
             if failure and not self._stop.is_set():
-                print(f"[splitserve] {self.who(self.rank)} exiting: {failure}", file=sys.stderr, flush=True)
-                self.exit_fn(1)
+                self._exit_because(failure)
                 return
