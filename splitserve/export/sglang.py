@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 from splitserve.models.dspark import DSparkDraft
 
 ALGORITHMS = ("dspark", "dflash")
-# models/dspark.py registers `EntryClass = [DSparkDraftModel, Qwen3DSparkModel]` (some stored
+# models/dspark.py registers `EntryClass = [DSparkDraftModel, Qwen3DSparkModel]` (some
 # revisions only Qwen3DSparkModel); the Qwen3 name is accepted by every revision read.
 ARCHITECTURE = {"dspark": "Qwen3DSparkModel", "dflash": "DFlashDraftModel"}
 # Both loaders build their layers from a Qwen3-style HF config (q/k norm, SwiGLU, RMSNorm), and
