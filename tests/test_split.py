@@ -178,3 +178,15 @@ def test_killing_the_target_rank_stops_every_rank_with_a_message(tiny_smol_dir, 
     for r in (1, 2):
         assert f"rank {r} (draft {r - 1}) exiting" in out, out[-3000:]
     assert "rank 0 (target 0) died" in out, out[-3000:]
+
+
+def test_time_budget_ends_the_split_job_cleanly(tiny_smol_dir, tmp_path):
+    """Draft ranks stop on the time budget together, and the target rank, still producing,
+    is told to stop: every rank exits 0 and the last checkpoint is marked finished."""
+    args = _overrides(tiny_smol_dir, tmp_path / "run", steps=100000,
+                      **{"train.save_every": 100000, "train.max_minutes": 0.05})
+    proc = _torchrun(*args)
+    state = json.loads((tmp_path / "run" / "checkpoints" / (tmp_path / "run" / "checkpoints" / "latest").read_text()
+                        / "state.json").read_text())
+    assert state["finished"] and 0 < state["step"] < 100000
+    assert "[split] target rank 0: produced" in proc.stdout + proc.stderr
