@@ -18,9 +18,11 @@ slot at or above it until it is overwritten. The host reads `out` once per round
 stream, which also tell it p) and decides whether to stop; nothing else leaves the device.
 
 AR mode is the same engine without the draft: one token per step through the same static cache.
-Verification width is static (γ+1). Confidence-scheduled verification would pick a shorter
-prefix from the draft's c_k in `_spec_round` (the `conf` it ignores); under CUDA graphs that
-means one graph per width, selected on the host from a second small read, or on the device.
+Verification width is static (γ+1). With `verify_schedule="confidence"` the round also picks,
+on the device, a prefix length L from the draft's calibrated c_k (spec/schedule.py) and treats
+d_{L+1}.. as rejected: accepted = min(n, L), the next token drawn from q_L when all of d_1..d_L
+passed. The verify forward keeps its width γ+1 (one CUDA graph), so this saves no target compute
+yet: it is the lossless selection, and the seam where one graph per width would be selected.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from splitserve.serve.graphs import StepGraphs
 from splitserve.spec import verify as verify_reference
 from splitserve.spec.context import StaticDraftContext
 from splitserve.spec.decode import pick_token
+from splitserve.spec.schedule import SCHEDULES, choose_prefix, linear_cost, prefix_survival, truncate_verify
 from splitserve.spec.verify import verify_block
 
 MODES = ("spec", "ar")
@@ -107,18 +110,41 @@ class Engine:
             raise ValueError(f"verify_kernel must be auto or torch, got {cfg.verify_kernel!r}")
         impl = verify_kernels if cfg.verify_kernel == "auto" else verify_reference
         self._verify_fns = {"greedy": impl.greedy_verify, "sampling": impl.sampling_verify}
+        self._init_schedule(cfg)
+
+    def _init_schedule(self, cfg: EngineConfig) -> None:
+        if cfg.verify_schedule not in SCHEDULES:
+            raise ValueError(f"verify_schedule must be one of {SCHEDULES}, got {cfg.verify_schedule!r}")
+        self.scheduled = cfg.verify_schedule == "confidence" and self.draft is not None
+        self.verify_len = torch.full((), self.gamma, dtype=torch.long, device=self.device)  # (): L of the last round
+        if not self.scheduled:
+            return
+        if self.draft.confidence is None:
+            raise ValueError("verify_schedule='confidence' needs a draft with a confidence head")
+        cost = cfg.verify_cost if cfg.verify_cost is not None else linear_cost(self.gamma, cfg.verify_cost_beta)
+        if len(cost) != self.gamma + 1 or min(cost) <= 0:
+            raise ValueError(f"verify_cost needs γ+1 = {self.gamma + 1} positive values, got {cost}")
+        self._cost = torch.tensor(cost, dtype=torch.float32, device=self.device)  # (γ+1,)
+        temps = getattr(self.draft, "confidence_temperatures", None)  # STS, when the draft carries a fit
+        if temps is not None and len(temps) != self.gamma:
+            raise ValueError(f"the draft's confidence_temperatures has {len(temps)} values, γ is {self.gamma}")
+        self._conf_temps = None if temps is None else torch.tensor(temps, dtype=torch.float32, device=self.device)
 
     # ---- fixed-shape steps (graph-capturable: no host sync, device buffers only) -------------
 
     def _spec_round(self, temperature: float) -> None:
         p = self.seq_len  # ()
-        d_tok, d_prob, _conf = self.draft.draft(
+        d_tok, d_prob, conf = self.draft.draft(
             self.ctx.kv, self.anchor, p, temperature, self.generator, ctx_mask=self.ctx.block_mask(p)
-        )  # (γ,), (γ, V) | None
+        )  # (γ,), (γ, V) | None, (γ,) | None
         pos = p + self._offsets  # (γ+1,)
         verify_in = torch.cat([self.anchor.view(1), d_tok])  # (γ+1,): x_p, d_1..d_γ
         logits, cap = self.target.forward_static(verify_in[None], self.cache, pos)  # (1, γ+1, V)
         n, bonus = verify_block(d_tok, d_prob, logits[0], temperature, self.generator, **self._verify_fns)
+        if self.scheduled:
+            limit = choose_prefix(prefix_survival(conf, self._conf_temps), self._cost)  # (): L in 0..γ
+            n, bonus = truncate_verify(n, bonus, limit, logits[0], temperature, self.generator)
+            self.verify_len.copy_(limit)
         self.ctx.write(cap.aux, pos)
         # [d_1..d_n, bonus, bonus, ...]: slot k < n holds d_{k+1}, the rest the bonus.
         committed = torch.where(self._offsets < n, verify_in.roll(-1), bonus)  # (γ+1,)

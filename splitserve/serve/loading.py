@@ -12,6 +12,7 @@ from splitserve.config import TargetConfig
 from splitserve.models.build import check_compatible
 from splitserve.models.io import load_draft, read_draft_meta
 from splitserve.serve.config import ModelsConfig
+from splitserve.spec.calibration import load_calibration, temperatures_for
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
@@ -37,7 +38,11 @@ def load_models(cfg: ModelsConfig):
     tcfg, arch = target_config_for(cfg)
     check_compatible(arch, peek_target_info(tcfg), where=f"draft {cfg.draft}")
     target = load_hf_target(tcfg)
-    return target, load_draft(cfg.draft, target)
+    draft = load_draft(cfg.draft, target)
+    # STS temperatures of the primary calibration fit (calibration.json of the run or export), for
+    # confidence-scheduled verification; None: the engine uses the raw c_k.
+    draft.confidence_temperatures = temperatures_for(load_calibration(cfg.draft))
+    return target, draft
 
 
 def eos_ids(target) -> frozenset[int]:
