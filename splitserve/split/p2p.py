@@ -152,6 +152,11 @@ class P2PChannel:
     def stats(self) -> ChannelStats:
         return replace(self._stats)
 
+    @property
+    def in_flight(self) -> int:
+        """Producer end: messages sent whose credit has not come back yet (0 on a consumer)."""
+        return self.spec.credits - self._available if self.role == "producer" else 0
+
     def close(self) -> None:
         if self.role == "producer":
             self._finish(Header(kind=Kind.END), [])
@@ -220,7 +225,7 @@ class P2PChannel:
                 works.append(self._isend(p, _TAG_PAYLOAD + k))
         self._pending.append(_InFlight(works, [hdr, *payload]))
         self._available -= 1
-        self._stats.max_in_flight = max(self._stats.max_in_flight, self.spec.credits - self._available)
+        self._stats.max_in_flight = max(self._stats.max_in_flight, self.in_flight)
 
     def _post_credit_recv(self) -> None:
         self._credit_work = dist.irecv(

@@ -78,13 +78,13 @@ def _broadcast_ints(values: list[int], src: int, place: Placement) -> list[int]:
 
 def _read_start(cfg: RunConfig) -> tuple[int, int]:
     """(start step, finished) from the run's latest checkpoint; draft rank 0 reads it."""
-    from splitserve.train.checkpoint import latest_checkpoint
+    from splitserve.train.checkpoint import latest_checkpoint, read_state
 
     ckpt = latest_checkpoint(Path(cfg.run_dir))
     if ckpt is None:
         return 0, 0
-    state = json.loads((ckpt / "state.json").read_text())
-    return int(state["step"]), int(state["finished"])
+    state = read_state(ckpt)
+    return state.step, int(state.finished)
 
 
 def _spec(cfg: RunConfig, info) -> ChannelSpec:
@@ -200,7 +200,7 @@ def _publish(watchdog: Watchdog, fan: FanOutChannel, counters: ProducerCounters,
     st = fan.stats()
     counters.bytes, counters.send_wait_s, counters.wall_s = st.bytes, st.send_wait_s, wall_s
     counters.peak_mem_gib = _peak_mem_gib(device)
-    counters.in_flight = sum(ch.spec.credits - ch._available for ch in fan.channels)
+    counters.in_flight = sum(ch.in_flight for ch in fan.channels)
     watchdog.publish(counters.as_dict())
 
 

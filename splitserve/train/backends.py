@@ -59,16 +59,17 @@ def _trainable(draft: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in draft.parameters() if p.requires_grad]
 
 
-def _optimizer(params, cfg: TrainConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+def _optimizer(params, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and its warmup/cosine schedule: the same recipe whichever backend steps them."""
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, cfg.max_steps))
 
 
 class PlainBackend:
     def __init__(self, draft: torch.nn.Module, cfg: TrainConfig, group: dist.ProcessGroup | None = None):
         self.module, self.cfg, self.group = draft, cfg, group
         self.params = _trainable(draft)
-        self.opt = _optimizer(self.params, cfg)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(cfg.warmup_steps, cfg.max_steps))
+        self.opt, self.sched = _optimizer(self.params, cfg)
         self._dp = dist.get_world_size(group) if dist.is_initialized() and group is not None else 1
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -189,8 +190,7 @@ class DeepSpeedBackend:
         self.cfg = cfg
         self._dp = dist.get_world_size(group) if group is not None else 1
         params = _trainable(draft)
-        opt = _optimizer(params, cfg)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, cfg.max_steps))
+        opt, sched = _optimizer(params, cfg)
         self.config = deepspeed_config(cfg, self._dp, micro_batch, bf16)
         # DeepSpeed picks its GPU from LOCAL_RANK; ranks sharing a GPU (or a placement that is
         # not LOCAL_RANK) need the draft's own device named explicitly.

@@ -101,11 +101,16 @@ def load_weights(ckpt: Path, draft) -> None:
     draft.load_state_dict(weights, strict=False)
 
 
+def read_state(ckpt: Path) -> TrainState:
+    """The bookkeeping of a checkpoint (step, counters, finished), without touching weights."""
+    return TrainState(**json.loads((Path(ckpt) / "state.json").read_text()))
+
+
 def load_checkpoint(ckpt: Path, draft, backend) -> TrainState:
     load_weights(ckpt, draft)
     try:
         backend.load(ckpt)
-        state = TrainState(**json.loads((Path(ckpt) / "state.json").read_text()))
+        state = read_state(ckpt)
     except Exception as exc:
         raise CheckpointError(f"checkpoint {ckpt} is unreadable: {exc}") from exc
     return state

@@ -88,7 +88,6 @@ class StepTotals:
     tv: float = 0.0
     conf: float = 0.0
     alpha_sum: float = 0.0
-    alpha_n: float = 0.0
     tokens: float = 0.0
     positions: float = 0.0
     samples: float = 0.0
@@ -100,7 +99,6 @@ class StepTotals:
         self.tv += float(out.tv) * share
         self.conf += float(out.conf) * share
         self.alpha_sum += float(out.alpha.sum())
-        self.alpha_n += out.alpha.numel()
         self.tokens += n_tokens
         self.positions += out.alpha.numel()
         self.samples += n_samples
@@ -109,7 +107,7 @@ class StepTotals:
         return StepTotals(*part.sum(list(astuple(self))))
 
     def metrics(self, grad_norm: float) -> dict[str, float]:
-        alpha = self.alpha_sum / self.alpha_n if self.alpha_n else 0.0
+        alpha = self.alpha_sum / self.positions if self.positions else 0.0
         return {"loss": self.loss, "ce": self.ce, "tv": self.tv, "conf": self.conf, "alpha": alpha,
                 "grad_norm": grad_norm}
 
