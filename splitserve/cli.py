@@ -326,6 +326,9 @@ def bench_main(argv: list[str]) -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--num-requests", type=int, default=10)
+    p.add_argument("--prompts", default=None,
+                   help="chat prompts (JSONL, or 'chitchat' for the held-out set) instead of synthetic ones; "
+                        "replies stop at EOS or after --output-len tokens")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", action="store_true", help="also engine AR, transformers generate and assisted")
@@ -339,8 +342,8 @@ def bench_main(argv: list[str]) -> None:
 
     models, engine = _models_and_engine(args)
     cfg = BenchConfig(input_len=args.input_len, output_len=args.output_len, num_requests=args.num_requests,
-                      warmup=args.warmup, seed=args.seed, baseline=args.baseline, assistant=args.assistant,
-                      json_out=args.json_out)
+                      prompts=args.prompts, warmup=args.warmup, seed=args.seed, baseline=args.baseline,
+                      assistant=args.assistant, json_out=args.json_out)
     try:
         run_bench(models, engine, cfg)
     except DraftMismatchError as exc:

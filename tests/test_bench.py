@@ -8,7 +8,7 @@ import torch
 from tiny import export_tiny_draft
 
 from splitserve import cli
-from splitserve.serve.bench import percentile, summarize, synthetic_prompts
+from splitserve.serve.bench import RequestTiming, percentile, summarize, synthetic_prompts
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -73,3 +73,29 @@ def test_statistics_helpers():
     assert len(prompts) == 3 and all(len(p) == 7 and not {0, 1, 49} & set(p) for p in prompts)
     assert prompts == synthetic_prompts(50, 3, 7, seed=1, avoid={0, 1, 49})
     assert summarize("x", []).output_tok_s is None
+    # τ pools rounds over requests: a 1-round request with τ 9 does not outweigh 10 rounds at τ 1
+    reqs = [RequestTiming(0.1, 0.01, 0.2, 9, accept_length=9.0, rounds=1),
+            RequestTiming(0.1, 0.01, 0.2, 10, accept_length=1.0, rounds=10)]
+    assert summarize("spec", reqs).mean_accept_length == pytest.approx(19 / 11)
+
+
+def test_bench_on_chat_prompts(tiny_smol_dir, draft_dir, tmp_path):
+    """--prompts: chat prompts in the target's template, replies cut at EOS or output_len."""
+    from splitserve.serve.bench import run_bench
+    from splitserve.serve.config import BenchConfig, EngineConfig, ModelsConfig
+
+    prompts = tmp_path / "prompts.jsonl"
+    rows = [{"messages": [{"role": "user", "content": text}]} for text in ("Hi there!", "How was your day?", "Hm.")]
+    prompts.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    models = ModelsConfig(draft=str(draft_dir), target=str(tiny_smol_dir), device="cpu")
+    cfg = BenchConfig(output_len=7, num_requests=2, warmup=0, baseline=True, prompts=str(prompts))
+    report = run_bench(models, EngineConfig(), cfg)
+    res = report["results"]
+    assert res["engine spec"]["num_requests"] == 2  # num_requests caps the prompt set
+    assert res["engine spec"]["exact_vs_ar"] == 2
+    for name in ("engine spec", "engine AR", "transformers generate"):
+        assert all(1 <= q["output_tokens"] <= 7 for q in res[name]["requests"]), name
+    # every method produced the same greedy reply lengths (EOS honoured alike)
+    lengths = {name: [q["output_tokens"] for q in res[name]["requests"]] for name in res if res[name]["note"] is None}
+    assert len({tuple(v) for v in lengths.values()}) == 1, lengths
+    assert report["config"]["prompts"] == str(prompts)

@@ -88,3 +88,23 @@ def test_report_logs_to_wandb_offline(sweep, monkeypatch):
     assert len(runs) == 1 and any(f.suffix == ".wandb" for f in runs[0].iterdir())
     assert len(read_sweep(sweep)) == 4  # the wandb dir is not taken for a run
     assert os.environ["WANDB_MODE"] == "offline"
+
+
+def test_run_that_reached_max_steps_is_complete_and_tau_curve_is_read(tmp_path):
+    """A run viewed at its configured last step counts as complete (its later checkpoints, if any,
+    are not the one reported); tau_curve.json adds measured points to the τ-vs-tokens line."""
+    root = tmp_path / "sweep"
+    d = _run(root, "0_draft=dspark_b8", steps=40, finished=False)
+    with open(d / "config.yaml", "a") as f:
+        f.write("train:\n  max_steps: 40\n")
+    (d / "tau_curve.json").write_text(json.dumps([{"step": 20, "tokens_seen": 20000, "tau": 1.4},
+                                                  {"step": 60, "tokens_seen": 60000, "tau": 2.1},
+                                                  {"step": "bad"}]))
+    stopped = _run(root, "1_draft=dspark_b16", steps=30, finished=False)
+    with open(stopped / "config.yaml", "a") as f:
+        f.write("train:\n  max_steps: 40\n")
+    runs = read_sweep(root)
+    assert runs[0].status == "ok" and runs[0].tau_curve == [(20000, 1.4), (60000, 2.1)]
+    assert runs[1].status == "incomplete: stopped at step 30" and runs[1].tau_curve == []
+    write_report(root)
+    assert (root / "report_tau_tokens.png").stat().st_size > 5000

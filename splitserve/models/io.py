@@ -41,12 +41,13 @@ def read_draft_meta(path: str | Path) -> tuple[DSparkArch, str, str | None]:
     raise FileNotFoundError(f"{path} is neither a splitserve run directory ({ARCH_FILE}) nor a DSpark export (config.json)")
 
 
-def load_draft(path: str | Path, target) -> DSparkDraft:
+def load_draft(path: str | Path, target, checkpoint: str | Path | None = None) -> DSparkDraft:
+    """`checkpoint`: a run's checkpoint directory to load instead of its latest."""
     arch, kind, _ = read_draft_meta(path)
     check_compatible(arch, target.info, where=f"draft {path}")
     draft = DSparkDraft(arch)
     if kind == "run":
-        ckpt = latest_checkpoint(Path(path))
+        ckpt = Path(checkpoint) if checkpoint is not None else latest_checkpoint(Path(path))
         if ckpt is None:
             raise CheckpointError(f"run {path} has no checkpoint yet")
         draft.load_shared(target.embed_weight(), target.lm_head_weight())

@@ -41,9 +41,10 @@ def plot_acceptance_by_config(runs: list[RunSummary], path: Path) -> Path:
 
 
 def plot_tau_vs_tokens(runs: list[RunSummary], path: Path) -> Path:
-    """Left: measured τ against training tokens. Each run gives two measured points: its untrained
-    draft (the same seed, so exactly its step-0 weights) at 0 tokens and its final checkpoint;
-    runs that differ only in training length join one line. Right: the teacher-forced mean
+    """Left: measured τ against training tokens. Each run gives its untrained draft (the same
+    seed, so exactly its step-0 weights) at 0 tokens, its final checkpoint, and any other
+    checkpoints measured into tau_curve.json; runs that differ only in training length join one
+    line. Right: the teacher-forced mean
     acceptance α logged during training (metrics.jsonl), a cheap proxy between those points."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
@@ -54,6 +55,7 @@ def plot_tau_vs_tokens(runs: list[RunSummary], path: Path) -> Path:
             continue
         if r.untrained is not None and r.untrained.temperature == 0.0:
             lines[label].append((0, r.untrained.tau, None))
+        lines[label] += [(tokens, t, None) for tokens, t in r.tau_curve]
         lines[label].append((r.tokens_seen, tau, r.tau_at(1.0)))
     for label, pts in lines.items():
         pts = sorted(set(pts), key=lambda p: p[0])
@@ -63,7 +65,7 @@ def plot_tau_vs_tokens(runs: list[RunSummary], path: Path) -> Path:
             left.plot(*zip(*t1), marker="x", ls="none", color=line.get_color(), label=f"{label} T=1")
     left.set_xlabel("training tokens (target tokens seen)")
     left.set_ylabel("held-out τ (tokens per target forward)")
-    left.set_title("measured τ: untrained (0 tokens) and final checkpoint", fontsize=9)
+    left.set_title("measured held-out τ by checkpoint", fontsize=9)
     left.grid(alpha=0.3)
     if left.lines:
         left.legend(fontsize=7)

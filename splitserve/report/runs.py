@@ -47,6 +47,8 @@ class RunSummary:
     ece_before: float | None = None  # STS fit at the primary sampling temperature
     ece_after: float | None = None
     alpha_curve: list[tuple[int, float]] = field(default_factory=list)  # (tokens_seen, teacher-forced α)
+    # Measured greedy τ of earlier (or later) checkpoints of the same run: (tokens_seen, τ), from tau_curve.json
+    tau_curve: list[tuple[int, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """Plain numbers for report.json (the table's formatting left out)."""
@@ -123,6 +125,18 @@ def _alpha_curve(path: Path) -> list[tuple[int, float]]:
     return curve
 
 
+def _tau_curve(path: Path) -> list[tuple[int, float]]:
+    """tau_curve.json: [{"tokens_seen": int, "tau": float, ...}, ...] (greedy τ of other checkpoints)."""
+    rows = _read_json(path)
+    curve = []
+    for row in rows if isinstance(rows, list) else []:
+        try:
+            curve.append((int(row["tokens_seen"]), float(row["tau"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return sorted(curve)
+
+
 def _latest_state(run: Path) -> dict | None:
     pointer = run / "checkpoints" / "latest"
     if not pointer.exists():
@@ -146,11 +160,13 @@ def read_run(path: Path, sweep_dir: Path) -> RunSummary:
     eval_enabled = bool(((cfg or {}).get("eval") or {}).get("enabled", True))
 
     state = _latest_state(path)
+    max_steps = ((cfg or {}).get("train") or {}).get("max_steps") if isinstance(cfg, dict) else None
     if state is None:
         problems.append("no checkpoint")
     else:
         s.steps, s.tokens_seen, s.elapsed_s = state.get("step"), state.get("tokens_seen"), state.get("elapsed_s")
-        if not state.get("finished"):
+        reached = isinstance(max_steps, int) and isinstance(s.steps, int) and s.steps >= max_steps
+        if not (state.get("finished") or reached):
             problems.append(f"stopped at step {s.steps}")
 
     report = _read_json(path / "eval.json")
@@ -172,6 +188,7 @@ def read_run(path: Path, sweep_dir: Path) -> RunSummary:
         s.ece_before, s.ece_after = cal["fits"][0].get("ece_before"), cal["fits"][0].get("ece_after")
 
     s.alpha_curve = _alpha_curve(path / "metrics.jsonl")
+    s.tau_curve = _tau_curve(path / "tau_curve.json")
     if problems:
         s.status = "incomplete: " + ", ".join(problems)
     return s

@@ -24,11 +24,11 @@ NOTES = """\
 - conf. ECE (STS): ECE of the confidence head's prefix survival prod c_i against observed prefix
   acceptance, before → after Sequential Temperature Scaling (calibration.json, fit on the
   same held-out rounds; calibration.json also has a cross-fitted value).
-- τ against training tokens: training keeps only its newest checkpoints and evaluates once at
-  the end, so each run contributes two measured points: its untrained draft (the same seed,
-  hence exactly its step-0 weights) at 0 tokens and its final checkpoint. For a denser curve,
-  sweep the training length (e.g. `train.max_steps=100,200,400`): runs differing only in
-  `train.max_steps`/`train.max_minutes` join one line. The right panel is the teacher-forced
+- τ against training tokens: each run contributes its untrained draft (the same seed, hence
+  exactly its step-0 weights) at 0 tokens, its final checkpoint, and the greedy τ of any other
+  checkpoints measured into the run's tau_curve.json (keep them with
+  `train.keep_checkpoints=0`). Runs differing only in `train.max_steps`/`train.max_minutes`
+  join one line too. The right panel is the teacher-forced
   mean α from metrics.jsonl, a training-time proxy, not a τ measurement.
 - train time: training wall time from the latest checkpoint's state.json (evaluation excluded).
 """

@@ -1,7 +1,9 @@
-"""`splitserve bench`: batch-1 latency of the serving engine on synthetic prompts.
+"""`splitserve bench`: batch-1 latency of the serving engine.
 
 Random-token prompts of --input-len tokens, --output-len tokens each (EOS ignored, greedy),
---num-requests requests one after another. Per request: TTFT (start -> first token on the host)
+--num-requests requests one after another; or, with --prompts, chat prompts in the target's
+template whose greedy replies stop at EOS or after --output-len tokens (the acceptance a trained
+draft earns lives on such prompts, not on random tokens). Per request: TTFT (start -> first token on the host)
 and TPOT (the remaining tokens' mean interval, TTFT excluded); over requests: mean / median /
 p99 and output tokens per second of wall time. With --baseline the same process also runs the
 engine's autoregressive mode (same static cache, one token per step), transformers `generate`,
@@ -31,7 +33,8 @@ class RequestTiming:
     tpot_s: float | None
     latency_s: float
     output_tokens: int
-    accept_length: float | None = None
+    accept_length: float | None = None  # this request's τ
+    rounds: int | None = None  # speculative rounds after the prefill
 
 
 @dataclass
@@ -45,7 +48,9 @@ class MethodResult:
     median_ttft_ms: float | None = None
     p99_ttft_ms: float | None = None
     output_tok_s: float | None = None
-    mean_accept_length: float | None = None  # τ, speculative methods
+    # τ, speculative methods: committed tokens over rounds, pooled over all requests (as in
+    # `splitserve eval`; a mean of per-request τ would overweight short replies)
+    mean_accept_length: float | None = None
     exact_vs_ar: int | None = None  # requests whose tokens equal the engine's AR output
     note: str | None = None  # why a method was skipped
     requests: list[RequestTiming] = field(default_factory=list)
@@ -73,8 +78,9 @@ def summarize(name: str, timings: list[RequestTiming]) -> MethodResult:
         res.p99_ttft_ms = percentile(ttfts, 99)
     wall = sum(t.latency_s for t in timings)
     res.output_tok_s = sum(t.output_tokens for t in timings) / wall if wall > 0 else None
-    taus = [t.accept_length for t in timings if t.accept_length is not None]
-    res.mean_accept_length = statistics.fmean(taus) if taus else None
+    spec = [t for t in timings if t.accept_length is not None and t.rounds]
+    if spec:
+        res.mean_accept_length = sum(t.accept_length * t.rounds for t in spec) / sum(t.rounds for t in spec)
     return res
 
 
@@ -89,15 +95,16 @@ def synthetic_prompts(vocab_size: int, num: int, length: int, seed: int, avoid: 
 
 
 def bench_engine(engine: Engine, prompts: list[list[int]], output_len: int, mode: str, warmup: int,
-                 desc: str) -> tuple[list[RequestTiming], list[list[int]]]:
-    params = SamplingParams(max_tokens=output_len, temperature=0.0)  # no eos ids: fixed length
+                 desc: str, eos_ids: frozenset[int] = frozenset()) -> tuple[list[RequestTiming], list[list[int]]]:
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, eos_ids=eos_ids)  # no eos ids: fixed length
     for _ in range(warmup):
         engine.generate(prompts[0], params, mode=mode)
     timings, outputs = [], []
     for ids in tqdm(prompts, desc=desc, unit="req", leave=False):
         stats = engine.generate(ids, params, mode=mode)
         timings.append(RequestTiming(stats.ttft_s, stats.tpot_s, stats.total_s, len(stats.tokens),
-                                     stats.accept_length if mode == "spec" else None))
+                                     stats.accept_length if mode == "spec" else None,
+                                     len(stats.accepts) if mode == "spec" else None))
         outputs.append(stats.tokens)
     return timings, outputs
 
@@ -121,11 +128,12 @@ class _TokenClock:
 
 @torch.no_grad()
 def bench_hf_generate(model, prompts: list[list[int]], output_len: int, warmup: int, desc: str,
-                      assistant=None) -> list[RequestTiming]:
-    """transformers `generate` (greedy, EOS disabled so every request has output_len tokens)."""
+                      assistant=None, eos_ids: frozenset[int] = frozenset()) -> list[RequestTiming]:
+    """transformers `generate`, greedy; without eos_ids EOS is disabled, so every request has
+    output_len tokens."""
     gen_cfg = copy.deepcopy(model.generation_config)
-    gen_cfg.update(do_sample=False, max_new_tokens=output_len, min_new_tokens=None, eos_token_id=None,
-                   temperature=None, top_p=None, top_k=None)
+    gen_cfg.update(do_sample=False, max_new_tokens=output_len, min_new_tokens=None,
+                   eos_token_id=sorted(eos_ids) or None, temperature=None, top_p=None, top_k=None)
     if gen_cfg.pad_token_id is None:
         gen_cfg.pad_token_id = 0
     extra = {"assistant_model": assistant} if assistant is not None else {}
@@ -183,6 +191,16 @@ def format_table(results: dict[str, MethodResult]) -> str:
     return "\n".join(rows)
 
 
+def _prompts(cfg: BenchConfig, target, draft) -> tuple[list[list[int]], frozenset[int]]:
+    """-> (prompt token ids, EOS ids that end a reply; empty for fixed-length synthetic requests)."""
+    if cfg.prompts is not None:
+        from splitserve.train.heldout import eos_ids_of, load_prompt_ids
+
+        return load_prompt_ids(cfg.prompts, target.tokenizer, cfg.num_requests), frozenset(eos_ids_of(target.tokenizer))
+    avoid = set(getattr(target.tokenizer, "all_special_ids", None) or []) | {draft.arch.mask_token_id}
+    return synthetic_prompts(target.info.vocab_size, cfg.num_requests, cfg.input_len, cfg.seed, avoid), frozenset()
+
+
 def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, target=None, draft=None) -> dict:
     """Runs every method, prints the table, writes JSON when asked -> the report dict.
     `target` / `draft` may be passed in already loaded (tests); otherwise they are loaded."""
@@ -193,21 +211,30 @@ def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, 
     if target is None:
         target, draft = load_models(models)
     engine_cfg = copy.copy(engine_cfg)
-    engine_cfg.max_context = max(engine_cfg.max_context, cfg.input_len + cfg.output_len)
+    prompts, eos = _prompts(cfg, target, draft)
+    if cfg.prompts is None:
+        engine_cfg.max_context = max(engine_cfg.max_context, cfg.input_len + cfg.output_len)
+    else:
+        engine_cfg.max_context = max(engine_cfg.max_context, max(map(len, prompts)) + cfg.output_len)
     engine = Engine(target, draft, engine_cfg)
-    engine.check_fits(cfg.input_len, cfg.output_len)  # the target's position limit
-    avoid = set(getattr(target.tokenizer, "all_special_ids", None) or []) | {draft.arch.mask_token_id}
-    prompts = synthetic_prompts(target.info.vocab_size, cfg.num_requests, cfg.input_len, cfg.seed, avoid)
+    for ids in prompts:
+        engine.check_fits(len(ids), cfg.output_len)  # the target's position limit
 
+    if cfg.prompts is not None and cfg.warmup:
+        # Chat prompts differ in length: prefill each once, untimed, so that the first method
+        # timed does not alone pay for per-shape kernel setup (cuDNN attention plans, autotuning).
+        for ids in prompts:
+            engine.generate(ids, SamplingParams(max_tokens=1), mode="ar")
     results: dict[str, MethodResult] = {}
-    spec_t, spec_out = bench_engine(engine, prompts, cfg.output_len, "spec", cfg.warmup, "engine spec")
+    spec_t, spec_out = bench_engine(engine, prompts, cfg.output_len, "spec", cfg.warmup, "engine spec", eos)
     results["engine spec"] = summarize("engine spec", spec_t)
     if cfg.baseline:
-        ar_t, ar_out = bench_engine(engine, prompts, cfg.output_len, "ar", cfg.warmup, "engine AR")
+        ar_t, ar_out = bench_engine(engine, prompts, cfg.output_len, "ar", cfg.warmup, "engine AR", eos)
         results["engine AR"] = summarize("engine AR", ar_t)
         results["engine spec"].exact_vs_ar = sum(a == b for a, b in zip(spec_out, ar_out))
         results["transformers generate"] = summarize(
-            "transformers generate", bench_hf_generate(target.model, prompts, cfg.output_len, cfg.warmup, "generate"))
+            "transformers generate",
+            bench_hf_generate(target.model, prompts, cfg.output_len, cfg.warmup, "generate", eos_ids=eos))
         name = "transformers assisted"
         if cfg.assistant is None:
             results[name] = MethodResult(name, note="no --assistant (a small causal LM with the target's tokenizer)")
@@ -217,7 +244,7 @@ def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, 
                 results[name] = MethodResult(name, note=why)
             else:
                 results[name] = summarize(name, bench_hf_generate(target.model, prompts, cfg.output_len, cfg.warmup,
-                                                                  "assisted", assistant=assistant))
+                                                                  "assisted", assistant=assistant, eos_ids=eos))
 
     report = {
         "config": asdict(cfg),
@@ -233,8 +260,10 @@ def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, 
         "results": {k: asdict(v) for k, v in results.items()},
     }
     table = format_table(results)
-    print(f"\nbatch 1, {cfg.num_requests} requests x {cfg.input_len} in / {cfg.output_len} out, greedy, "
-          f"target {target.info.name}, γ={engine.gamma}, {engine.device}\n\n{table}")
+    shape = (f"{cfg.num_requests} requests x {cfg.input_len} in / {cfg.output_len} out" if cfg.prompts is None else
+             f"{len(prompts)} chat prompts from {cfg.prompts} (mean {statistics.fmean(map(len, prompts)):.0f} tokens), "
+             f"replies up to {cfg.output_len} tokens or EOS")
+    print(f"\nbatch 1, {shape}, greedy, target {target.info.name}, γ={engine.gamma}, {engine.device}\n\n{table}")
     report["table"] = table
     if cfg.json_out:
         Path(cfg.json_out).parent.mkdir(parents=True, exist_ok=True)

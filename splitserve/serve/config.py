@@ -45,10 +45,13 @@ class ServerConfig:
 
 @dataclass
 class BenchConfig:
-    """`splitserve bench`: batch 1, synthetic random-token prompts, greedy, fixed output length."""
+    """`splitserve bench`: batch 1, greedy. Synthetic random-token prompts of `input_len` tokens
+    with a fixed output length (EOS ignored), or, with `prompts`, chat prompts rendered with the
+    target's template that stop at EOS or after `output_len` tokens."""
 
     input_len: int = 128
     output_len: int = 128
+    prompts: str | None = None  # chat prompt JSONL (or "chitchat": the held-out set); None: synthetic
     num_requests: int = 10
     warmup: int = 1  # untimed requests first (CUDA graph capture, allocator, caches)
     seed: int = 0

@@ -221,7 +221,7 @@ def train(
         if totals.out_of_time or state.step >= cfg.train.max_steps:
             state.finished = True
         if state.finished or state.step % cfg.train.save_every == 0:
-            save_checkpoint(run_dir, draft, backend, state, part=part)
+            save_checkpoint(run_dir, draft, backend, state, keep=cfg.train.keep_checkpoints, part=part)
     bar.close()
     if logger is not None:
         logger.close()

@@ -1,0 +1,298 @@
+"""The draft ablation on one GPU: DSpark vs its DFlash baseline, γ = 8 vs 16, paper vs prefix loss.
+
+    python bench/ablation_gpu.py train --data TRAIN.jsonl --prompts HELDOUT.jsonl --root R --minutes 6
+    python bench/ablation_gpu.py eval  --root R      (prints `splitserve report R/sweep`)
+    python bench/ablation_gpu.py best  --root R      (a run dir holding the best measured checkpoint)
+
+It is the sweep `splitserve train -m draft=dspark_b8,dspark_b16 loss=paper,prefix` plus the two
+DFlash runs (`draft=dflash_b8,dflash_b16 loss=paper`), with each draft's and loss's settings read
+from the same conf/draft/*.yaml and conf/loss/*.yaml files, driven without Hydra so that it runs
+where only torch and transformers are installed. The runs share one recipe (RECIPE below) and
+all train at once, one process each, on the one GPU: each is small next to an H200.
+
+Equal budget. Processes that share a GPU do not run at the same speed, so every run trains for
+the same wall time and checkpoints every --save-every steps, keeping them all. `eval` then takes
+S*, the largest checkpoint step that every run reached, and reports every run at S*: the same
+data order and batch size, hence exactly the same target tokens for each. Each run's view at S*
+is written to R/sweep/<run>/ in the layout `splitserve report` reads, with train.max_steps = S*.
+Checkpoints at about S*/3 and 2S*/3, and the run's last one when it went past S*, are measured
+too (greedy τ on the same prompts) and go to tau_curve.json: the τ-vs-tokens line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from splitserve.config import (  # noqa: E402
+    DataConfig,
+    DraftConfig,
+    EvalConfig,
+    LossConfig,
+    RunConfig,
+    TargetConfig,
+    TrainConfig,
+)
+
+# (draft, loss): the 2x2 DSpark grid plus DFlash (markov_rank 0, no confidence head) at both γ.
+RUNS = [("dspark_b8", "paper"), ("dspark_b8", "prefix"), ("dspark_b16", "paper"), ("dspark_b16", "prefix"),
+        ("dflash_b8", "paper"), ("dflash_b16", "paper")]
+RECIPE = dict(num_layers=2, batch_size=8, anchors_per_seq=64, lr=1e-3, warmup_steps=50, max_length=1024)
+
+
+def _conf(group: str, name: str) -> dict:
+    return yaml.safe_load((REPO / "conf" / group / f"{name}.yaml").read_text()) or {}
+
+
+def run_name(i: int, draft: str, loss: str) -> str:
+    return f"{i}_draft={draft},loss={loss}"  # Hydra's job-dir naming, so the report labels match a multirun
+
+
+def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
+    cuda = args.device.startswith("cuda")
+    return RunConfig(
+        target=TargetConfig(dtype="bfloat16" if cuda else "float32", device=args.device),
+        draft=DraftConfig(**{**_conf("draft", draft), "num_layers": RECIPE["num_layers"]}),
+        data=DataConfig(train_path=args.data, heldout_prompts=args.prompts, max_length=RECIPE["max_length"]),
+        loss=LossConfig(**_conf("loss", loss)),
+        train=TrainConfig(max_steps=args.max_steps, max_minutes=args.minutes, batch_size=RECIPE["batch_size"],
+                          anchors_per_seq=RECIPE["anchors_per_seq"], lr=RECIPE["lr"],
+                          warmup_steps=RECIPE["warmup_steps"], log_every=args.log_every, save_every=args.save_every,
+                          keep_checkpoints=0, device=args.device, precision="bf16" if cuda else "fp32"),
+        eval=EvalConfig(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, extra_temperatures=[1.0],
+                        compare_untrained=False),
+        run_dir=str(run_dir),
+    )
+
+
+def write_config(cfg: RunConfig, run_dir: Path, overrides: list[str]) -> None:
+    """config.yaml as `splitserve train` writes it, and the overrides that name the job."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    (run_dir / ".hydra").mkdir(exist_ok=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+
+
+def read_config(run_dir: Path) -> RunConfig:
+    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return RunConfig(target=TargetConfig(**raw["target"]), draft=DraftConfig(**raw["draft"]),
+                     data=DataConfig(**raw["data"]), loss=LossConfig(**raw["loss"]), train=TrainConfig(**raw["train"]),
+                     eval=EvalConfig(**raw["eval"]), run_dir=raw["run_dir"])
+
+
+def checkpoints(run_dir: Path) -> dict[int, Path]:
+    root = run_dir / "checkpoints"
+    return {int(p.name.removeprefix("step_")): p for p in sorted(root.glob("step_*"))
+            if p.is_dir() and not p.name.endswith(".tmp")} if root.is_dir() else {}
+
+
+# ---- workers (one process per run) ---------------------------------------------------------
+
+
+def train_one(run_dir: Path) -> None:
+    from splitserve.train.loop import train
+
+    train(read_config(run_dir))
+
+
+def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True) -> None:
+    """The run at S* (table row: greedy with STS fit, T=1) and its other checkpoints (τ curve)."""
+    import torch
+
+    from splitserve.models.io import load_draft
+    from splitserve.spec.evaluate import evaluate
+    from splitserve.target import load_target
+    from splitserve.target.hf import pick_device
+    from splitserve.train.checkpoint import read_state
+    from splitserve.train.heldout import eos_ids_of, evaluate_run, load_prompt_ids
+
+    cfg = read_config(run_dir)
+    ckpts = checkpoints(run_dir)
+    view.mkdir(parents=True, exist_ok=True)
+    (view / "checkpoints" / ckpts[s_star].name).mkdir(parents=True, exist_ok=True)
+    shutil.copy(ckpts[s_star] / "state.json", view / "checkpoints" / ckpts[s_star].name / "state.json")
+    (view / "checkpoints" / "latest").write_text(ckpts[s_star].name)
+    shutil.copy(run_dir / "draft_arch.json", view / "draft_arch.json")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    (view / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= s_star))
+    vcfg = replace(cfg, train=replace(cfg.train, max_steps=s_star), run_dir=str(view))
+    overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
+    write_config(vcfg, view, overrides)
+
+    target = load_target(cfg.target, pick_device(cfg.target.device))
+
+    def draft_at(step: int):
+        return load_draft(run_dir, target, checkpoint=ckpts[step]).float()
+
+    evaluate_run(vcfg, target, draft_at(s_star))
+    steps = sorted(ckpts)
+    points = {min(steps, key=lambda s: abs(s - s_star * f)) for f in (1 / 3, 2 / 3)} | {steps[-1]}
+    points = points - {s_star} if curve_points else set()
+    prompts = load_prompt_ids(cfg.data.heldout_prompts, target.tokenizer, cfg.eval.num_prompts)
+    curve = []
+    for step in sorted(points):
+        rep = evaluate(target, draft_at(step), prompts, cfg.eval.max_new_tokens, 0.0, cfg.train.seed,
+                       check_exact=False, eos_ids=eos_ids_of(target.tokenizer), desc=f"eval step {step}")
+        state = read_state(ckpts[step])
+        curve.append({"step": step, "tokens_seen": state.tokens_seen, "tau": rep.tau, "rounds": rep.rounds,
+                      "per_position": rep.per_position, "checkpoint": str(ckpts[step])})
+        print(f"[eval] {view.name} step {step}: τ {rep.tau:.3f}", flush=True)
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    (view / "tau_curve.json").write_text(json.dumps(curve, indent=1))
+
+
+# ---- drivers --------------------------------------------------------------------------------
+
+
+def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
+    threads = max(1, (os.cpu_count() or 1) // len(RUNS))  # the runs share the host's cores
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+           "OMP_NUM_THREADS": str(threads)}
+    return subprocess.Popen([sys.executable, __file__, *argv], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env=env, cwd=REPO)
+
+
+def _wait(procs: dict[str, subprocess.Popen], progress) -> dict[str, int]:
+    """Poll the workers; if the driver is stopped (Ctrl-C, `timeout`), stop them too."""
+    def stop(signum, frame):
+        for p in procs.values():
+            p.terminate()
+        sys.exit(f"stopped by signal {signum}; workers terminated")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    t0 = time.time()
+    while any(p.poll() is None for p in procs.values()):
+        time.sleep(15)
+        print(f"[{time.time() - t0:5.0f} s] " + "  ".join(f"{k}: {progress(k)}" for k in procs), flush=True)
+    return {k: p.returncode for k, p in procs.items()}
+
+
+def _last_metrics(run_dir: Path) -> dict:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return json.loads(lines[-1]) if lines else {}
+
+
+def cmd_train(args) -> None:
+    root = Path(args.root).resolve()
+    dirs = {}
+    for i, (draft, loss) in enumerate(RUNS):
+        run_dir = root / "runs" / run_name(i, draft, loss)
+        write_config(build_config(args, draft, loss, run_dir), run_dir, [f"draft={draft}", f"loss={loss}"])
+        dirs[run_dir.name] = run_dir
+    procs = {k: _spawn(["_train", str(d)], d / "train.log") for k, d in dirs.items()}
+
+    def progress(k):
+        m = _last_metrics(dirs[k])
+        return f"step {m.get('step', 0)} α {m.get('alpha', 0):.2f}"
+
+    codes = _wait(procs, progress)
+    summary = {}
+    for k, d in dirs.items():
+        m = _last_metrics(d)
+        summary[k] = {"exit": codes[k], "checkpoints": sorted(checkpoints(d)), "tokens_seen": m.get("tokens_seen"),
+                      "tok_per_s": m.get("tok_per_s"), "alpha": m.get("alpha")}
+        print(f"{k}: exit {codes[k]}, checkpoints {summary[k]['checkpoints']}, {m.get('tok_per_s', 0):,.0f} tok/s")
+        if codes[k]:
+            print((d / "train.log").read_text()[-3000:])
+    (root / "train_summary.json").write_text(json.dumps({"recipe": RECIPE, "minutes": args.minutes,
+                                                        "runs": summary}, indent=1))
+
+
+def cmd_eval(args) -> None:
+    root = Path(args.root).resolve()
+    dirs = {d.name: d for d in sorted((root / "runs").iterdir()) if (d / "config.yaml").exists()}
+    common = set.intersection(*(set(checkpoints(d)) for d in dirs.values()))
+    if not common:
+        sys.exit("no checkpoint step that every run reached")
+    s_star = args.step or max(common)
+    print(f"S* = step {s_star} (reached by every run)", flush=True)
+    procs = {k: _spawn(["_eval", str(d), str(root / "sweep" / k), str(s_star), str(int(args.curve))], d / "eval.log")
+             for k, d in dirs.items()}
+
+    def progress(k):
+        return "done" if (root / "sweep" / k / "tau_curve.json").exists() else "..."
+
+    codes = _wait(procs, progress)
+    for k, code in codes.items():
+        if code:
+            print(f"{k}: exit {code}\n" + (dirs[k] / "eval.log").read_text()[-3000:])
+    from splitserve.report import write_report
+
+    print(Path(write_report(root / "sweep")).read_text())
+
+
+def cmd_best(args) -> None:
+    """Print a run directory whose latest checkpoint is the one with the highest measured greedy τ
+    (R/best, pointing at that checkpoint): the draft to serve and benchmark."""
+    root = Path(args.root).resolve()
+    best = None
+    for view in sorted(d for d in (root / "sweep").iterdir() if (d / "tau_curve.json").exists()):
+        run_dir = root / "runs" / view.name
+        points = [(p["tau"], p["step"]) for p in json.loads((view / "tau_curve.json").read_text())]
+        ev = json.loads((view / "eval.json").read_text())["trained"]
+        points.append((ev["tau"], yaml.safe_load((view / "config.yaml").read_text())["train"]["max_steps"]))
+        for tau, step in points:
+            if best is None or tau > best[0]:
+                best = (tau, run_dir, step)
+    tau, run_dir, step = best
+    out = root / "best"
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copy(run_dir / "draft_arch.json", out / "draft_arch.json")
+    shutil.copy(run_dir / "config.yaml", out / "config.yaml")
+    ckpt = checkpoints(run_dir)[step]
+    (out / "checkpoints" / ckpt.name).symlink_to(ckpt)
+    (out / "checkpoints" / "latest").write_text(ckpt.name)
+    (out / "source.json").write_text(json.dumps({"run": run_dir.name, "step": step, "greedy_tau": tau}))
+    print(f"best: {run_dir.name} step {step}, held-out greedy τ {tau:.3f}", file=sys.stderr)
+    print(out)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in ("_train", "_eval"):
+        if sys.argv[1] == "_train":
+            train_one(Path(sys.argv[2]))
+        else:
+            eval_one(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5:] != ["0"])
+        return
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--data", required=True, help="chat JSONL (the target's own regenerated replies)")
+    t.add_argument("--prompts", required=True, help="held-out prompt JSONL, never trained on")
+    t.add_argument("--root", required=True)
+    t.add_argument("--minutes", type=float, default=6.0, help="training wall time of every run")
+    t.add_argument("--max-steps", type=int, default=100_000)
+    t.add_argument("--save-every", type=int, default=50)
+    t.add_argument("--log-every", type=int, default=25)
+    t.add_argument("--device", default="cuda")
+    t.add_argument("--num-prompts", type=int, default=40)
+    t.add_argument("--max-new-tokens", type=int, default=96)
+    e = sub.add_parser("eval")
+    e.add_argument("--root", required=True)
+    e.add_argument("--step", type=int, default=None, help="report every run at this step (default: S*)")
+    e.add_argument("--no-curve", dest="curve", action="store_false",
+                   help="measure S* only (each curve point is one more greedy evaluation per run)")
+    b = sub.add_parser("best")
+    b.add_argument("--root", required=True)
+    args = ap.parse_args()
+    {"train": cmd_train, "eval": cmd_eval, "best": cmd_best}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Where a speculative round's time goes on the GPU, and how idle the GPU is inside it.
+
+    python bench/round_profile.py --draft RUN_OR_EXPORT --prompts HELDOUT.jsonl --out profile.json \
+        [--num-prompts 8] [--max-tokens 128] [--max-context 1024]
+
+1. Component costs, each captured as its own CUDA graph and replayed back to back (CUDA events):
+   t_decode (the engine's AR step), t_draft (the draft's γ tokens), t_verify (the target on γ+1
+   tokens), t_round (the engine's whole round graph).
+2. Real requests (greedy chat prompts, the engine's spec and AR modes): τ, TPOT, and the wall time
+   per round on the host, so ideal speedup τ·t_decode/(t_draft + t_verify) can be set against the
+   measured one.
+3. A torch.profiler trace of one request in spec mode: the union of GPU activity (kernels,
+   copies, memsets) over the decode window gives the GPU idle fraction; gaps between kernels are
+   split into the gap at each round boundary (host read of the committed tokens, Python, the
+   next graph launch) and gaps inside the graph, and the top kernels by total time are listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from splitserve.serve.config import EngineConfig, ModelsConfig  # noqa: E402
+from splitserve.serve.engine import Engine, SamplingParams  # noqa: E402
+from splitserve.serve.graphs import StepGraphs  # noqa: E402
+from splitserve.serve.loading import eos_ids, load_models  # noqa: E402
+
+
+def time_graph(fn, iters: int, device: torch.device) -> float:
+    """ms per replay of fn's CUDA graph, replayed back to back (off CUDA: eager calls, host clock)."""
+    if device.type != "cuda":
+        import time
+
+        fn()
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return 1000 * (time.perf_counter() - t) / iters
+    graphs = StepGraphs(True, device)
+    graphs.prepare("k", fn)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graphs.run("k", fn)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def component_costs(engine: Engine, prompt: list[int], iters: int) -> dict:
+    e = engine
+    d_out = torch.zeros(e.gamma, dtype=torch.long, device=e.device)
+    block = torch.zeros(e.gamma + 1, dtype=torch.long, device=e.device)
+    v_out = torch.zeros(e.gamma + 1, dtype=torch.long, device=e.device)
+
+    def draft_only():
+        p = e.seq_len
+        tok, _, _ = e.draft.draft(e.ctx.kv, e.anchor, p, 0.0, e.generator, ctx_mask=e.ctx.block_mask(p))
+        d_out.copy_(tok)
+
+    def verify_only():  # the target on [x_p, d_1..d_γ] at p..p+γ (writes cache slots the next round overwrites)
+        logits, _ = e.target.forward_static(block[None], e.cache, e.seq_len + e._offsets)
+        v_out.copy_(logits[0].argmax(-1))
+
+    out = {}
+    for name, fn in (("t_draft_ms", draft_only), ("t_verify_ms", verify_only)):
+        e._reset()
+        e._prefill(prompt, 0.0)
+        out[name] = time_graph(fn, iters, e.device)
+    for name, mode in (("t_round_ms", "spec"), ("t_decode_ms", "ar")):
+        e._reset()
+        e._prefill(prompt, 0.0)
+        steps = min(iters, (e.capacity - len(prompt)) // (e.gamma + 1 if mode == "spec" else 1) - 2)
+        out[name] = time_graph(e._step(mode, 0.0), steps, e.device)
+    e._reset()
+    return out
+
+
+def requests(engine: Engine, prompts: list[list[int]], params: SamplingParams, mode: str) -> dict:
+    stats = [engine.generate(p, params, mode=mode) for p in prompts]
+    rounds = sum(max(len(s.tokens) - 1, 0) if mode == "ar" else len(s.accepts) for s in stats)
+    decode_s = sum(s.total_s - s.ttft_s for s in stats)
+    tpots = [s.tpot_s for s in stats if s.tpot_s is not None]
+    out = {"requests": len(stats), "tokens": sum(len(s.tokens) for s in stats),
+           "mean_tpot_ms": 1000 * statistics.fmean(tpots), "wall_per_step_ms": 1000 * decode_s / max(rounds, 1),
+           "outputs": [s.tokens for s in stats]}
+    if mode == "spec":
+        out["tau"] = sum(n + 1 for s in stats for n in s.accepts) / max(rounds, 1)
+    return out
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
+
+
+def idle_profile(engine: Engine, prompt: list[int], params: SamplingParams) -> dict:
+    """GPU activity of one spec request after its prefill (µs, from a chrome trace)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine.generate(prompt, params, mode="spec")  # graphs captured, allocator warm
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        stats = engine.generate(prompt, params, mode="spec")
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/trace.json")
+        trace = json.loads(Path(f"{tmp}/trace.json").read_text())["traceEvents"]
+    gpu = [ev for ev in trace if ev.get("ph") == "X" and ev.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    launches = sorted(ev["ts"] for ev in trace if ev.get("ph") == "X" and ev.get("name") == "cudaGraphLaunch")
+    if not gpu or not launches:
+        return {"error": "no GPU activity or no graph launches in the trace"}
+    t0 = launches[0]
+    window = [(ev["ts"], ev["ts"] + ev["dur"]) for ev in gpu if ev["ts"] >= t0]
+    busy = _union(window)
+    span = busy[-1][1] - t0
+    busy_us = sum(b - a for a, b in busy)
+    gaps = [(busy[i + 1][0] - busy[i][1], busy[i + 1][0]) for i in range(len(busy) - 1)]
+    # The gap that ends at the first kernel after a graph launch is a round boundary.
+    starts = {min((a for a, _ in busy if a >= t), default=None) for t in launches}
+    boundary = [g for g, end in gaps if end in starts]
+    inside = [g for g, end in gaps if end not in starts]
+    kernels: dict[str, list[float]] = {}
+    for ev in gpu:
+        if ev["ts"] >= t0:
+            kernels.setdefault(ev["name"], []).append(ev["dur"])
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:15]
+    rounds = len(stats.accepts)
+    return {
+        "rounds": rounds,
+        "window_us": span,
+        "gpu_busy_us": busy_us,
+        "gpu_idle_fraction": 1 - busy_us / span,
+        "boundary_gap_us_total": sum(boundary),
+        "boundary_gap_us_median": statistics.median(boundary) if boundary else None,
+        "inside_gap_us_total": sum(inside),
+        "inside_gaps_over_5us": sum(g > 5 for g in inside),
+        "gpu_us_per_round": busy_us / max(rounds, 1),
+        "kernels_per_round": sum(len(v) for v in kernels.values()) / max(rounds, 1),
+        "top_kernels": [{"name": k[:120], "calls": len(v), "total_us": sum(v), "share": sum(v) / busy_us}
+                        for k, v in top],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-context", type=int, default=1024)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    from splitserve.train.heldout import load_prompt_ids
+
+    target, draft = load_models(ModelsConfig(draft=args.draft, device=args.device))
+    engine = Engine(target, draft, EngineConfig(max_context=args.max_context))
+    prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
+    params = SamplingParams(max_tokens=args.max_tokens, eos_ids=eos_ids(target))
+    on_gpu = engine.device.type == "cuda"
+    res = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
+           "gamma": engine.gamma, "max_context": engine.max_context, "draft": args.draft, "dtype": str(target.dtype)}
+    res.update(component_costs(engine, prompts[0], args.iters))
+    for mode in ("spec", "ar"):  # warm-up request first: graph capture
+        engine.generate(prompts[0], params, mode=mode)
+    spec, ar = requests(engine, prompts, params, "spec"), requests(engine, prompts, params, "ar")
+    res["exact"] = sum(a == b for a, b in zip(spec.pop("outputs"), ar.pop("outputs")))
+    res["spec"], res["ar"] = spec, ar
+    tau = spec["tau"]
+    res["ideal_speedup"] = tau * res["t_decode_ms"] / (res["t_draft_ms"] + res["t_verify_ms"])
+    res["graph_speedup"] = tau * res["t_decode_ms"] / res["t_round_ms"]  # the round graph as one unit
+    res["measured_speedup"] = ar["mean_tpot_ms"] / spec["mean_tpot_ms"]
+    res["measured_over_ideal"] = res["measured_speedup"] / res["ideal_speedup"]
+    res["profile"] = idle_profile(engine, prompts[0], params) if on_gpu else None
+    print(json.dumps({k: v for k, v in res.items() if k != "profile"}, indent=1))
+    print(json.dumps(res["profile"], indent=1))
+    Path(args.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
