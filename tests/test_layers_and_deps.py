@@ -41,3 +41,19 @@ def test_model_code_has_no_distributed_or_training_imports():
 
 def test_records_depend_on_nothing_in_the_package():
     assert not [n for n in _imports(PKG / "records.py") if n.startswith("splitserve")]
+
+
+def test_varlen_sdpa_excludes_cudnn_and_keeps_results():
+    """Training and capture run SDPA without cuDNN (per-shape plans); the math is unchanged."""
+    import torch
+    import torch.nn.functional as F
+
+    from splitserve.train.sdpa import varlen_sdpa
+
+    q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with varlen_sdpa():
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, ref)

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from splitserve.records import HiddenRecord
+from splitserve.train.sdpa import varlen_sdpa
 
 
 class RecordSource(Protocol):
@@ -40,7 +41,8 @@ class TargetSource:
         for i in indices:
             s = self.samples[i]
             ids = torch.tensor(s.input_ids, dtype=torch.long)
-            cap = self.target.capture(ids[None].to(self.target.device))
+            with varlen_sdpa():  # every sample is a new length (train/sdpa.py)
+                cap = self.target.capture(ids[None].to(self.target.device))
             records.append(
                 HiddenRecord(
                     sample_id=i,

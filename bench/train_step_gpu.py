@@ -1,0 +1,131 @@
+"""Where one in-process training step's time goes (the ablation recipe), SmolLM2 shape, random weights.
+
+    python bench/train_step_gpu.py [--gamma 8 16] [--batch 8] [--anchors 64] [--out FILE]
+
+One step of `splitserve train` with the target in-process, split into its phases and timed
+with a device sync after each: target capture (one forward per sample, as TargetSource does),
+collate (records -> padded batch on the device), anchor planning, draft forward + loss,
+backward, optimiser step. Then the whole step under torch.profiler: GPU busy time against wall
+time says whether the step is bound by the GPU or by the host. Sequence lengths follow the
+regenerated chitchat set (mean ~210 tokens). Step time does not depend on weight values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.roles_gpu import smollm2_shape  # noqa: E402
+from splitserve.config import DraftConfig, LossConfig, TargetConfig  # noqa: E402
+from splitserve.data.chat import TokenizedSample  # noqa: E402
+from splitserve.models.build import build_draft, resolve_arch  # noqa: E402
+from splitserve.target.hf import wrap_hf_model  # noqa: E402
+from splitserve.train.sources import TargetSource  # noqa: E402
+from splitserve.train.step import collate, draft_loss, plan_blocks, row_generators  # noqa: E402
+
+
+def samples(n: int, vocab: int, seed: int = 0) -> list[TokenizedSample]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        length = int(torch.randint(100, 320, (1,), generator=g))
+        ids = torch.randint(vocab, (length,), generator=g).tolist()
+        mask = [0] * (length // 3) + [1] * (length - length // 3)  # prompt, then assistant reply
+        out.append(TokenizedSample(ids, mask, f"synthetic:{i}", False))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gamma", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--anchors", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer target, for a quick CPU check of the script")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from transformers import LlamaForCausalLM
+
+    dev = torch.device(args.device)
+    cfg = smollm2_shape()
+    if args.tiny:
+        cfg.num_hidden_layers, cfg.vocab_size = 4, 2048
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    with dev:
+        model = LlamaForCausalLM(cfg).to(dtype).eval()
+    target = wrap_hf_model(model, TargetConfig(name="smollm2-shape", dtype=str(dtype).removeprefix("torch."),
+                                               device=args.device, num_capture_layers=5 if not args.tiny else 2))
+    source = TargetSource(target, samples(args.batch * args.steps, cfg.vocab_size))
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    results = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "batch": args.batch,
+               "anchors_per_seq": args.anchors, "draft_layers": args.layers}
+    for gamma in args.gamma:
+        torch.manual_seed(0)
+        arch = resolve_arch(DraftConfig(num_layers=args.layers, block_size=gamma, mask_token_id=1), target.info,
+                            model.config)
+        draft = build_draft(arch, target).float().to(dev)
+        opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-4)
+        phases: dict[str, list[float]] = {}
+
+        def step(i: int, record: bool) -> None:
+            marks = [("start", time.perf_counter())]
+
+            def mark(name):
+                sync()
+                marks.append((name, time.perf_counter()))
+
+            records = source.get(list(range(i * args.batch, (i + 1) * args.batch)))
+            mark("capture")
+            batch = collate(records, dev, torch.float32)
+            mark("collate")
+            packed = plan_blocks(draft, batch, args.anchors, row_generators(0, i, range(args.batch)))
+            mark("plan")
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                out, _ = draft_loss(draft, batch, args.anchors, LossConfig(), None, packed=packed)
+            mark("draft forward + loss")
+            out.total.backward()
+            mark("backward")
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            mark("optimizer")
+            if record:
+                for (_, t0), (name, t1) in zip(marks, marks[1:]):
+                    phases.setdefault(name, []).append(1000 * (t1 - t0))
+
+        step(0, False)  # warm-up: allocator, kernels
+        for i in range(1, args.steps - 1):
+            step(i, True)
+        row = {name: statistics.median(v) for name, v in phases.items()}
+        row["total"] = sum(row.values())
+        if dev.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                t0 = time.perf_counter()
+                step(args.steps - 1, False)
+                wall = time.perf_counter() - t0
+            gpu_us = sum(e.device_time_total for e in prof.key_averages())  # kernels, copies, memsets
+            row["profiled_step_wall_ms"] = 1000 * wall
+            row["profiled_step_gpu_busy_ms"] = gpu_us / 1000
+            row["top_gpu_ops"] = [{"name": e.key[:100], "ms": e.device_time_total / 1000, "calls": e.count}
+                                  for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]]
+        results[f"gamma_{gamma}"] = row
+        print(f"γ={gamma}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in row.items() if isinstance(v, float)),
+              flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
