@@ -238,7 +238,10 @@ def report_main(argv: list[str]) -> None:
 
     from splitserve.report import write_report
 
-    path = write_report(args.sweep_dir, wandb=args.wandb, wandb_project=args.wandb_project)
+    try:
+        path = write_report(args.sweep_dir, wandb=args.wandb, wandb_project=args.wandb_project)
+    except FileNotFoundError as exc:
+        sys.exit(f"splitserve report: {exc}")
     print(path.read_text())
 
 
@@ -350,6 +353,10 @@ def bench_main(argv: list[str]) -> None:
         sys.exit(f"splitserve bench: {exc}")
 
 
+COMMANDS = {"eval": eval_main, "export": export_main, "gen": gen_main, "calibrate": calibrate_main,
+            "report": report_main, "serve": serve_main, "bench": bench_main}  # train and dump go through Hydra
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -358,20 +365,8 @@ def main(argv: list[str] | None = None) -> None:
     cmd, rest = argv[0], argv[1:]
     if cmd in ("train", "dump"):
         hydra_app(cmd, rest)
-    elif cmd == "eval":
-        eval_main(rest)
-    elif cmd == "export":
-        export_main(rest)
-    elif cmd == "gen":
-        gen_main(rest)
-    elif cmd == "calibrate":
-        calibrate_main(rest)
-    elif cmd == "report":
-        report_main(rest)
-    elif cmd == "serve":
-        serve_main(rest)
-    elif cmd == "bench":
-        bench_main(rest)
+    elif cmd in COMMANDS:
+        COMMANDS[cmd](rest)
     else:
         sys.exit(f"splitserve: unknown command {cmd!r}\nusage:\n{USAGE}")
 

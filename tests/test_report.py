@@ -108,3 +108,8 @@ def test_run_that_reached_max_steps_is_complete_and_tau_curve_is_read(tmp_path):
     assert runs[1].status == "incomplete: stopped at step 30" and runs[1].tau_curve == []
     write_report(root)
     assert (root / "report_tau_tokens.png").stat().st_size > 5000
+
+
+def test_report_on_a_missing_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="is not a directory"):
+        main(["report", str(tmp_path / "nope")])
