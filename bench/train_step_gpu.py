@@ -1,6 +1,6 @@
 """Where one in-process training step's time goes (the ablation recipe), SmolLM2 shape, random weights.
 
-    python bench/train_step_gpu.py [--gamma 8 16] [--batch 8] [--anchors 64] [--out FILE]
+    python bench/train_step_gpu.py [--gamma 8 16] [--batch 8] [--anchors 64] [--capture-graphs] [--out FILE]
 
 One step of `splitserve train` with the target in-process, split into its phases and timed
 with a device sync after each: target capture (one forward per sample, as TargetSource does),
@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--capture-graphs", action="store_true", help="bucketed CUDA-graph captures (target/bucketed.py)")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer target, for a quick CPU check of the script")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -65,9 +66,10 @@ def main() -> None:
         model = LlamaForCausalLM(cfg).to(dtype).eval()
     target = wrap_hf_model(model, TargetConfig(name="smollm2-shape", dtype=str(dtype).removeprefix("torch."),
                                                device=args.device, num_capture_layers=5 if not args.tiny else 2))
-    source = TargetSource(target, samples(args.batch * args.steps, cfg.vocab_size))
+    source = TargetSource(target, samples(args.batch * args.steps, cfg.vocab_size), bucketed=args.capture_graphs)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     results = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "batch": args.batch,
+               "capture_graphs": args.capture_graphs,
                "anchors_per_seq": args.anchors, "draft_layers": args.layers}
     for gamma in args.gamma:
         torch.manual_seed(0)

@@ -23,6 +23,9 @@ class TargetConfig:
     # None means the default rule in target/layers.py with `num_capture_layers` layers.
     layer_ids: list[int] | None = None
     num_capture_layers: int = 5
+    # transformers backend, training and dump: pad each sample to its power-of-two length bucket
+    # and replay that bucket's forward as a CUDA graph (target/bucketed.py); eager elsewhere.
+    capture_graphs: bool = False
     # sglang backend: share of the GPU SGLang may take for the target's weights and KV pool (the
     # draft trains on the same GPU).
     sglang_mem_fraction: float = 0.4

@@ -25,7 +25,7 @@ def run_dump(cfg: RunConfig, target=None) -> Path:
     path = resolve_train_path(cfg.data.train_path)
     samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples)
     print(f"[dump] data {path}: {stats.summary()}")
-    source = TargetSource(target, samples)
+    source = TargetSource(target, samples, bucketed=cfg.target.capture_graphs)
     out = Path(cfg.dump.out_dir)
     resume = out.exists() and not (out / "manifest.json").exists() and any(out.glob("shard_*"))
     t0 = time.time()

@@ -27,22 +27,33 @@ class RecordSource(Protocol):
 class TargetSource:
     """Runs the frozen target over tokenized samples on demand.
 
-    One forward per sample, unpadded: a record then depends only on its own tokens, never on
-    which samples shared its batch, so online training and dump-then-train see bit-identical
-    records (and no compute is spent on padding).
+    One forward per sample: a record then depends only on its own tokens, never on which
+    samples shared its batch, so online training and dump-then-train see bit-identical
+    records. Unpadded by default; `bucketed` pads each sample to its own power-of-two bucket
+    and replays that bucket's forward as a CUDA graph (target/bucketed.py).
     """
 
-    def __init__(self, target, samples, store_dtype: torch.dtype = torch.float32):
+    def __init__(self, target, samples, store_dtype: torch.dtype = torch.float32, bucketed: bool = False):
         self.target, self.samples, self.store_dtype = target, samples, store_dtype
         self.num_samples = len(samples)
+        self.bucketed = None
+        if bucketed:  # fixed-length graphs per power-of-two bucket (target/bucketed.py)
+            from splitserve.target.bucketed import BucketedCapture
+
+            self.bucketed = BucketedCapture(target, max((len(s.input_ids) for s in samples), default=1))
+
+    def _capture(self, ids: torch.Tensor):
+        if self.bucketed is not None:
+            return self.bucketed(ids)
+        with varlen_sdpa():  # every sample is a new length (train/sdpa.py)
+            return self.target.capture(ids[None].to(self.target.device))
 
     def get(self, indices: list[int]) -> list[HiddenRecord]:
         records = []
         for i in indices:
             s = self.samples[i]
             ids = torch.tensor(s.input_ids, dtype=torch.long)
-            with varlen_sdpa():  # every sample is a new length (train/sdpa.py)
-                cap = self.target.capture(ids[None].to(self.target.device))
+            cap = self._capture(ids)
             records.append(
                 HiddenRecord(
                     sample_id=i,
