@@ -65,7 +65,8 @@ def run_name(i: int, draft: str, loss: str) -> str:
 def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
     cuda = args.device.startswith("cuda")
     return RunConfig(
-        target=TargetConfig(dtype="bfloat16" if cuda else "float32", device=args.device),
+        target=TargetConfig(dtype="bfloat16" if cuda else "float32", device=args.device,
+                            capture_graphs=args.capture_graphs),
         draft=DraftConfig(**{**_conf("draft", draft), "num_layers": RECIPE["num_layers"]}),
         data=DataConfig(train_path=args.data, heldout_prompts=args.prompts, max_length=RECIPE["max_length"]),
         loss=LossConfig(**_conf("loss", loss)),
@@ -291,6 +292,7 @@ def main() -> None:
     t.add_argument("--save-every", type=int, default=50)
     t.add_argument("--log-every", type=int, default=25)
     t.add_argument("--device", default="cuda")
+    t.add_argument("--capture-graphs", action="store_true", help="target.capture_graphs=true (target/bucketed.py)")
     t.add_argument("--num-prompts", type=int, default=40)
     t.add_argument("--max-new-tokens", type=int, default=96)
     e = sub.add_parser("eval")
