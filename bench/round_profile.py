@@ -1,7 +1,7 @@
 """Where a speculative round's time goes on the GPU, and how idle the GPU is inside it.
 
     python bench/round_profile.py --draft RUN_OR_EXPORT --prompts HELDOUT.jsonl --out profile.json \
-        [--num-prompts 8] [--max-tokens 128] [--max-context 1024]
+        [--num-prompts 8] [--max-tokens 128] [--max-context 1024] [--compile]
 
 1. Component costs, each captured as its own CUDA graph and replayed back to back (CUDA events):
    t_decode (the engine's AR step), t_draft (the draft's γ tokens), t_verify (the target on γ+1
@@ -165,16 +165,19 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--compile", action="store_true", help="EngineConfig.compile_backend='inductor'")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from splitserve.train.heldout import load_prompt_ids
 
     target, draft = load_models(ModelsConfig(draft=args.draft, device=args.device))
-    engine = Engine(target, draft, EngineConfig(max_context=args.max_context))
+    engine = Engine(target, draft, EngineConfig(max_context=args.max_context,
+                                                compile_backend="inductor" if args.compile else None))
     prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
     params = SamplingParams(max_tokens=args.max_tokens, eos_ids=eos_ids(target))
     on_gpu = engine.device.type == "cuda"
     res = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
+           "compile": args.compile,
            "gamma": engine.gamma, "max_context": engine.max_context, "draft": args.draft, "dtype": str(target.dtype)}
     res.update(component_costs(engine, prompts[0], args.iters))
     for mode in ("spec", "ar"):  # warm-up request first: graph capture

@@ -290,6 +290,8 @@ def _models_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, default=4096, help="prompt + generated tokens per request")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the round eagerly on CUDA too")
     p.add_argument("--verify-kernel", default="auto", choices=["auto", "torch"])
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the round and the AR step (inductor) before graph capture")
     p.add_argument("--verify-schedule", default="static", choices=["static", "confidence"],
                    help="confidence: verify only the prefix the draft's calibrated confidences pay for")
 
@@ -299,7 +301,8 @@ def _models_and_engine(args):
 
     return (ModelsConfig(draft=args.draft, target=args.target, device=args.device, dtype=args.dtype),
             EngineConfig(max_context=args.max_context, use_cuda_graphs=not args.no_cuda_graphs,
-                         verify_kernel=args.verify_kernel, verify_schedule=args.verify_schedule))
+                         verify_kernel=args.verify_kernel, verify_schedule=args.verify_schedule,
+                         compile_backend="inductor" if args.compile else None))
 
 
 def serve_main(argv: list[str]) -> None:

@@ -30,6 +30,10 @@ class EngineConfig:
     # width on the serving device to fill it); None: the linear model 1 + verify_cost_beta * k
     verify_cost: list[float] | None = None
     verify_cost_beta: float = 0.05
+    # torch.compile the round and the AR step (before CUDA-graph capture), so that elementwise
+    # chains (norms, RoPE, residuals, the Markov stage) fuse into fewer kernels. "inductor" for
+    # real use; "aot_eager" traces without generating code (tests). None: off.
+    compile_backend: str | None = None
 
 
 @dataclass

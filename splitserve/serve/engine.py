@@ -111,6 +111,11 @@ class Engine:
         impl = verify_kernels if cfg.verify_kernel == "auto" else verify_reference
         self._verify_fns = {"greedy": impl.greedy_verify, "sampling": impl.sampling_verify}
         self._init_schedule(cfg)
+        if cfg.compile_backend:
+            # Fixed shapes, so no dynamic-shape tracing. Sampling with a user generator breaks
+            # the traced graph around the draw, which then runs eagerly (still graph-captured).
+            self._spec_round = torch.compile(self._spec_round, backend=cfg.compile_backend, dynamic=False)
+            self._ar_step = torch.compile(self._ar_step, backend=cfg.compile_backend, dynamic=False)
 
     def _init_schedule(self, cfg: EngineConfig) -> None:
         if cfg.verify_schedule not in SCHEDULES:
