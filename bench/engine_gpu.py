@@ -1,7 +1,7 @@
 """Step costs of the batch-1 serving engine on a GPU: decode step, speculative round, and the
 same for an 8B-class target shape with random weights.
 
-    python bench/engine_gpu.py --out engine.json [--skip-smollm2] [--skip-large]
+    python bench/engine_gpu.py --out engine.json [--skip-smollm2] [--skip-large] [--compile]
 
 * SmolLM2-135M (the embedded target, bf16) with an *untrained* DSpark draft (γ=8, 1 layer): the
   engine's AR TPOT (one decode step, CUDA graph) and its speculative round time (draft round +
@@ -21,12 +21,13 @@ import time
 import torch
 
 
-def _engine_costs(target, draft, input_len: int, output_len: int, requests: int) -> dict:
+def _engine_costs(target, draft, input_len: int, output_len: int, requests: int, compile_backend=None) -> dict:
     from splitserve.serve.bench import bench_engine, summarize, synthetic_prompts
     from splitserve.serve.config import EngineConfig
     from splitserve.serve.engine import Engine
 
-    engine = Engine(target, draft, EngineConfig(max_context=input_len + output_len + 64, use_cuda_graphs=True))
+    engine = Engine(target, draft, EngineConfig(max_context=input_len + output_len + 64, use_cuda_graphs=True,
+                                                compile_backend=compile_backend))
     prompts = synthetic_prompts(target.info.vocab_size, requests, input_len, 0, {draft.arch.mask_token_id})
     out = {"cuda_graphs": engine.graphs.enabled, "gamma": engine.gamma}
     for mode in ("ar", "spec"):
@@ -58,7 +59,7 @@ def smollm2(args) -> dict:
 
     target = load_hf_target(TargetConfig(dtype="bfloat16", device="cuda"))
     draft = _untrained_draft(target, layers=1, gamma=8)
-    return _engine_costs(target, draft, args.input_len, args.output_len, args.requests)
+    return _engine_costs(target, draft, args.input_len, args.output_len, args.requests, args.compile)
 
 
 def large(args) -> dict:
@@ -75,7 +76,7 @@ def large(args) -> dict:
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     target = wrap_hf_model(model.eval(), TargetConfig(name="llama-8b-shape", dtype="bfloat16", device="cuda"))
     draft = _untrained_draft(target, layers=5, gamma=8)
-    out = _engine_costs(target, draft, args.input_len, args.output_len, args.requests)
+    out = _engine_costs(target, draft, args.input_len, args.output_len, args.requests, args.compile)
     out["build_s"] = time.time() - t0
     return out
 
@@ -88,9 +89,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--skip-smollm2", action="store_true")
     ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--compile", action="store_const", const="inductor", default=None,
+                    help="EngineConfig.compile_backend='inductor'")
     args = ap.parse_args()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "input_len": args.input_len,
-               "output_len": args.output_len, "requests": args.requests}
+               "output_len": args.output_len, "requests": args.requests, "compile": args.compile}
     for name, fn, skip in (("smollm2-135m", smollm2, args.skip_smollm2), ("llama-8b-shape", large, args.skip_large)):
         if skip:
             continue
