@@ -1,7 +1,7 @@
 """Step costs of the batch-1 serving engine on a GPU: decode step, speculative round, and the
 same for an 8B-class target shape with random weights.
 
-    python bench/engine_gpu.py --out engine.json [--skip-smollm2] [--skip-large] [--compile]
+    python bench/engine_gpu.py --out engine.json [--skip-smollm2] [--skip-large] [--random-smollm2] [--compile]
 
 * SmolLM2-135M (the embedded target, bf16) with an *untrained* DSpark draft (γ=8, 1 layer): the
   engine's AR TPOT (one decode step, CUDA graph) and its speculative round time (draft round +
@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench.roles_gpu`, run from anywhere
 
 
 def _engine_costs(target, draft, input_len: int, output_len: int, requests: int, compile_backend=None) -> dict:
@@ -54,10 +58,21 @@ def _untrained_draft(target, layers: int, gamma: int):
 
 
 def smollm2(args) -> dict:
+    """The embedded SmolLM2-135M, or (--random-smollm2) its shape with random weights, which needs
+    no model files on the machine; step time does not depend on the weights."""
     from splitserve.config import TargetConfig
-    from splitserve.target.hf import load_hf_target
+    from splitserve.target.hf import load_hf_target, wrap_hf_model
 
-    target = load_hf_target(TargetConfig(dtype="bfloat16", device="cuda"))
+    if args.random_smollm2:
+        from transformers import LlamaForCausalLM
+
+        from bench.roles_gpu import smollm2_shape
+
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(smollm2_shape()).to(torch.bfloat16)
+        target = wrap_hf_model(model.eval(), TargetConfig(name="smollm2-shape", dtype="bfloat16", device="cuda"))
+    else:
+        target = load_hf_target(TargetConfig(dtype="bfloat16", device="cuda"))
     draft = _untrained_draft(target, layers=1, gamma=8)
     return _engine_costs(target, draft, args.input_len, args.output_len, args.requests, args.compile)
 
@@ -89,6 +104,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--skip-smollm2", action="store_true")
     ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--random-smollm2", action="store_true", help="SmolLM2's shape with random weights")
     ap.add_argument("--compile", action="store_const", const="inductor", default=None,
                     help="EngineConfig.compile_backend='inductor'")
     args = ap.parse_args()
