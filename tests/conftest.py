@@ -1,7 +1,18 @@
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from splitserve.assets import smollm2_dir
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: on a shared CPU, intra-op thread hand-offs cost more than the work itself.
+    A module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

@@ -4,20 +4,12 @@ No timing claims: a tiny random model on a shared CPU says nothing about speed."
 import json
 
 import pytest
-import torch
 from tiny import export_tiny_draft
 
 from splitserve import cli
 from splitserve.serve.bench import RequestTiming, percentile, summarize, synthetic_prompts
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: on a shared CPU, intra-op thread hand-offs cost more than the work itself."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 FIELDS = ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "output_tok_s",

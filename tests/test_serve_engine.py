@@ -11,14 +11,7 @@ from splitserve.serve.config import EngineConfig
 from splitserve.serve.engine import ContextLengthError, Engine, SamplingParams
 from splitserve.spec.decode import target_decode
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: on a shared CPU, intra-op thread hand-offs cost more than the work itself."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _prompts(seed: int, n: int = 3):

@@ -11,13 +11,7 @@ from splitserve.serve.engine import Engine, SamplingParams
 from splitserve.spec.decode import target_decode
 from splitserve.spec.schedule import choose_prefix, linear_cost, prefix_survival
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _L(a, cost):

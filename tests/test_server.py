@@ -24,14 +24,7 @@ from splitserve.serve.loading import eos_ids
 from splitserve.spec.decode import target_decode
 from splitserve.target.hf import load_hf_target
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: on a shared CPU, intra-op thread hand-offs cost more than the work itself."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 MAX_CONTEXT = 1024
