@@ -17,6 +17,23 @@ def _pyplot():
     return plt
 
 
+def _label(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """Axis labels, a small title, a light grid, and a legend when anything was drawn."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=7)
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_acceptance_by_config(runs: list[RunSummary], path: Path) -> Path:
     """Conditional acceptance P(accept k | 1..k-1 accepted) by draft position, one line per run."""
     plt = _pyplot()
@@ -27,17 +44,9 @@ def plot_acceptance_by_config(runs: list[RunSummary], path: Path) -> Path:
             continue
         ks = range(1, len(ev.per_position) + 1)
         ax.plot(ks, ev.per_position, marker="o", ms=3, label=f"{label} (τ={ev.tau:.2f}, T={ev.temperature:g})")
-    ax.set_xlabel("draft position k")
-    ax.set_ylabel("P(accept k | 1..k-1 accepted)")
     ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=7)
-    ax.set_title("held-out conditional acceptance by position", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    _label(ax, "draft position k", "P(accept k | 1..k-1 accepted)", "held-out conditional acceptance by position")
+    return _save(plt, fig, path)
 
 
 def plot_tau_vs_tokens(runs: list[RunSummary], path: Path) -> Path:
@@ -63,22 +72,11 @@ def plot_tau_vs_tokens(runs: list[RunSummary], path: Path) -> Path:
         t1 = [(p[0], p[2]) for p in pts if p[2] is not None]
         if t1:
             left.plot(*zip(*t1), marker="x", ls="none", color=line.get_color(), label=f"{label} T=1")
-    left.set_xlabel("training tokens (target tokens seen)")
-    left.set_ylabel("held-out τ (tokens per target forward)")
-    left.set_title("measured held-out τ by checkpoint", fontsize=9)
-    left.grid(alpha=0.3)
-    if left.lines:
-        left.legend(fontsize=7)
+    _label(left, "training tokens (target tokens seen)", "held-out τ (tokens per target forward)",
+           "measured held-out τ by checkpoint")
     for r, label in zip(runs, config_labels(runs)):
         if r.alpha_curve:
             right.plot(*zip(*r.alpha_curve), marker=".", label=label)
-    right.set_xlabel("training tokens (target tokens seen)")
-    right.set_ylabel("teacher-forced mean α (training batches)")
-    right.set_title("training-time proxy (not a τ measurement)", fontsize=9)
-    right.grid(alpha=0.3)
-    if right.lines:
-        right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    _label(right, "training tokens (target tokens seen)", "teacher-forced mean α (training batches)",
+           "training-time proxy (not a τ measurement)")
+    return _save(plt, fig, path)

@@ -160,7 +160,7 @@ def read_run(path: Path, sweep_dir: Path) -> RunSummary:
     eval_enabled = bool(((cfg or {}).get("eval") or {}).get("enabled", True))
 
     state = _latest_state(path)
-    max_steps = ((cfg or {}).get("train") or {}).get("max_steps") if isinstance(cfg, dict) else None
+    max_steps = (cfg.get("train") or {}).get("max_steps") if isinstance(cfg, dict) else None
     if state is None:
         problems.append("no checkpoint")
     else:

@@ -194,9 +194,10 @@ def format_table(results: dict[str, MethodResult]) -> str:
 def _prompts(cfg: BenchConfig, target, draft) -> tuple[list[list[int]], frozenset[int]]:
     """-> (prompt token ids, EOS ids that end a reply; empty for fixed-length synthetic requests)."""
     if cfg.prompts is not None:
-        from splitserve.train.heldout import eos_ids_of, load_prompt_ids
+        from splitserve.serve.loading import eos_ids
+        from splitserve.train.heldout import load_prompt_ids
 
-        return load_prompt_ids(cfg.prompts, target.tokenizer, cfg.num_requests), frozenset(eos_ids_of(target.tokenizer))
+        return load_prompt_ids(cfg.prompts, target.tokenizer, cfg.num_requests), eos_ids(target)  # as the server
     avoid = set(getattr(target.tokenizer, "all_special_ids", None) or []) | {draft.arch.mask_token_id}
     return synthetic_prompts(target.info.vocab_size, cfg.num_requests, cfg.input_len, cfg.seed, avoid), frozenset()
 
@@ -212,10 +213,7 @@ def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, 
         target, draft = load_models(models)
     engine_cfg = copy.copy(engine_cfg)
     prompts, eos = _prompts(cfg, target, draft)
-    if cfg.prompts is None:
-        engine_cfg.max_context = max(engine_cfg.max_context, cfg.input_len + cfg.output_len)
-    else:
-        engine_cfg.max_context = max(engine_cfg.max_context, max(map(len, prompts)) + cfg.output_len)
+    engine_cfg.max_context = max(engine_cfg.max_context, max(map(len, prompts)) + cfg.output_len)
     engine = Engine(target, draft, engine_cfg)
     for ids in prompts:
         engine.check_fits(len(ids), cfg.output_len)  # the target's position limit
