@@ -25,15 +25,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench.roles_gpu`, run from anywhere
 
 
-def _engine_costs(target, draft, input_len: int, output_len: int, requests: int, compile_backend=None) -> dict:
+def _engine_costs(target, draft, args) -> dict:
     from splitserve.serve.bench import bench_engine, summarize, synthetic_prompts
     from splitserve.serve.config import EngineConfig
     from splitserve.serve.engine import Engine
 
-    engine = Engine(target, draft, EngineConfig(max_context=input_len + output_len + 64, use_cuda_graphs=True,
-                                                compile_backend=compile_backend))
-    prompts = synthetic_prompts(target.info.vocab_size, requests, input_len, 0, {draft.arch.mask_token_id})
-    out = {"cuda_graphs": engine.graphs.enabled, "gamma": engine.gamma}
+    input_len, output_len = args.input_len, args.output_len
+    engine = Engine(target, draft, EngineConfig(max_context=args.max_context or input_len + output_len + 64,
+                                                use_cuda_graphs=True, compile_backend=args.compile,
+                                                min_window=args.min_window))
+    prompts = synthetic_prompts(target.info.vocab_size, args.requests, input_len, 0, {draft.arch.mask_token_id})
+    out = {"cuda_graphs": engine.graphs.enabled, "gamma": engine.gamma, "max_context": engine.max_context,
+           "windows": engine.windows}
     for mode in ("ar", "spec"):
         timings, _ = bench_engine(engine, prompts, output_len, mode, 1, f"engine {mode}")
         r = summarize(mode, timings)
@@ -74,7 +77,7 @@ def smollm2(args) -> dict:
     else:
         target = load_hf_target(TargetConfig(dtype="bfloat16", device="cuda"))
     draft = _untrained_draft(target, layers=1, gamma=8)
-    return _engine_costs(target, draft, args.input_len, args.output_len, args.requests, args.compile)
+    return _engine_costs(target, draft, args)
 
 
 def large(args) -> dict:
@@ -91,7 +94,7 @@ def large(args) -> dict:
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     target = wrap_hf_model(model.eval(), TargetConfig(name="llama-8b-shape", dtype="bfloat16", device="cuda"))
     draft = _untrained_draft(target, layers=5, gamma=8)
-    out = _engine_costs(target, draft, args.input_len, args.output_len, args.requests, args.compile)
+    out = _engine_costs(target, draft, args)
     out["build_s"] = time.time() - t0
     return out
 
@@ -102,6 +105,8 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--max-context", type=int, default=None, help="engine context (default: input+output+64)")
+    ap.add_argument("--min-window", type=int, default=0, help="EngineConfig.min_window (0: whole cache)")
     ap.add_argument("--skip-smollm2", action="store_true")
     ap.add_argument("--skip-large", action="store_true")
     ap.add_argument("--random-smollm2", action="store_true", help="SmolLM2's shape with random weights")
@@ -109,7 +114,8 @@ def main() -> None:
                     help="EngineConfig.compile_backend='inductor'")
     args = ap.parse_args()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "input_len": args.input_len,
-               "output_len": args.output_len, "requests": args.requests, "compile": args.compile}
+               "output_len": args.output_len, "requests": args.requests, "compile": args.compile,
+               "min_window": args.min_window}
     for name, fn, skip in (("smollm2-135m", smollm2, args.skip_smollm2), ("llama-8b-shape", large, args.skip_large)):
         if skip:
             continue

@@ -3,9 +3,10 @@
     python bench/round_profile.py --draft RUN_OR_EXPORT --prompts HELDOUT.jsonl --out profile.json \
         [--num-prompts 8] [--max-tokens 128] [--max-context 1024] [--compile]
 
-1. Component costs, each captured as its own CUDA graph and replayed back to back (CUDA events):
-   t_decode (the engine's AR step), t_draft (the draft's γ tokens), t_verify (the target on γ+1
-   tokens), t_round (the engine's whole round graph).
+1. Component costs, each captured as its own CUDA graph and replayed back to back (CUDA events)
+   at the first prompt's length and attention window: t_decode (the engine's AR step), t_draft
+   (the draft's γ tokens), t_verify (the target on γ+1 tokens), t_round (the engine's whole
+   round graph).
 2. Real requests (greedy chat prompts, the engine's spec and AR modes): τ, TPOT, and the wall time
    per round on the host, so ideal speedup τ·t_decode/(t_draft + t_verify) can be set against the
    measured one.
@@ -57,30 +58,41 @@ def time_graph(fn, iters: int, device: torch.device) -> float:
 
 
 def component_costs(engine: Engine, prompt: list[int], iters: int) -> dict:
+    """Each step at the prompt's committed length p and the attention window a request there
+    uses; every replay first resets p (one tiny fill kernel), so all replays see the same p.
+    With --compile the draft and verify components are compiled like the engine's steps."""
     e = engine
+    P = len(prompt)
+    w = e._window_for("spec", P)
     d_out = torch.zeros(e.gamma, dtype=torch.long, device=e.device)
     block = torch.zeros(e.gamma + 1, dtype=torch.long, device=e.device)
     v_out = torch.zeros(e.gamma + 1, dtype=torch.long, device=e.device)
 
     def draft_only():
         p = e.seq_len
-        tok, _, _ = e.draft.draft(e.ctx.kv, e.anchor, p, 0.0, e.generator, ctx_mask=e.ctx.block_mask(p))
+        tok, _, _ = e.draft.draft(e.ctx.window(w), e.anchor, p, 0.0, e.generator, ctx_mask=e.ctx.block_mask(p, w))
         d_out.copy_(tok)
 
     def verify_only():  # the target on [x_p, d_1..d_γ] at p..p+γ (writes cache slots the next round overwrites)
-        logits, _ = e.target.forward_static(block[None], e.cache, e.seq_len + e._offsets)
+        logits, _ = e.target.forward_static(block[None], e.cache, e.seq_len + e._offsets, window=w)
         v_out.copy_(logits[0].argmax(-1))
 
-    out = {}
-    for name, fn in (("t_draft_ms", draft_only), ("t_verify_ms", verify_only)):
+    def at_p(fn):
+        def step():
+            e.seq_len.fill_(P)
+            fn()
+        return step
+
+    if e.cfg.compile_backend:
+        draft_only, verify_only = (torch.compile(f, backend=e.cfg.compile_backend, dynamic=False)
+                                   for f in (draft_only, verify_only))
+    out = {"p": P, "window": w}
+    steps = (("t_draft_ms", draft_only), ("t_verify_ms", verify_only), ("t_round_ms", e._step("spec", 0.0, w)),
+             ("t_decode_ms", e._step("ar", 0.0, e._window_for("ar", P))))
+    for name, fn in steps:
         e._reset()
         e._prefill(prompt, 0.0)
-        out[name] = time_graph(fn, iters, e.device)
-    for name, mode in (("t_round_ms", "spec"), ("t_decode_ms", "ar")):
-        e._reset()
-        e._prefill(prompt, 0.0)
-        steps = min(iters, (e.capacity - len(prompt)) // (e.gamma + 1 if mode == "spec" else 1) - 2)
-        out[name] = time_graph(e._step(mode, 0.0), steps, e.device)
+        out[name] = time_graph(at_p(fn), iters, e.device)
     e._reset()
     return out
 
@@ -166,18 +178,20 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--compile", action="store_true", help="EngineConfig.compile_backend='inductor'")
+    ap.add_argument("--min-window", type=int, default=EngineConfig.min_window,
+                    help="EngineConfig.min_window (0: attend to the whole cache every step)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from splitserve.train.heldout import load_prompt_ids
 
     target, draft = load_models(ModelsConfig(draft=args.draft, device=args.device))
-    engine = Engine(target, draft, EngineConfig(max_context=args.max_context,
+    engine = Engine(target, draft, EngineConfig(max_context=args.max_context, min_window=args.min_window,
                                                 compile_backend="inductor" if args.compile else None))
     prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
     params = SamplingParams(max_tokens=args.max_tokens, eos_ids=eos_ids(target))
     on_gpu = engine.device.type == "cuda"
     res = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
-           "compile": args.compile,
+           "compile": args.compile, "min_window": args.min_window,
            "gamma": engine.gamma, "max_context": engine.max_context, "draft": args.draft, "dtype": str(target.dtype)}
     res.update(component_costs(engine, prompts[0], args.iters))
     for mode in ("spec", "ar"):  # warm-up request first: graph capture

@@ -294,6 +294,9 @@ def _models_args(p: argparse.ArgumentParser) -> None:
                    help="torch.compile the round and the AR step (inductor) before graph capture")
     p.add_argument("--verify-schedule", default="static", choices=["static", "confidence"],
                    help="confidence: verify only the prefix the draft's calibrated confidences pay for")
+    p.add_argument("--min-window", type=int, default=0,
+                   help="attend to the first W cache slots only, W = min-window * 2^k covering the request "
+                        "(one CUDA graph per W); 0: the whole --max-context every step")
 
 
 def _models_and_engine(args):
@@ -302,7 +305,7 @@ def _models_and_engine(args):
     return (ModelsConfig(draft=args.draft, target=args.target, device=args.device, dtype=args.dtype),
             EngineConfig(max_context=args.max_context, use_cuda_graphs=not args.no_cuda_graphs,
                          verify_kernel=args.verify_kernel, verify_schedule=args.verify_schedule,
-                         compile_backend="inductor" if args.compile else None))
+                         compile_backend="inductor" if args.compile else None, min_window=args.min_window))
 
 
 def serve_main(argv: list[str]) -> None:

@@ -48,7 +48,7 @@ def test_varlen_sdpa_excludes_cudnn_and_keeps_results():
     import torch
     import torch.nn.functional as F
 
-    from splitserve.train.sdpa import varlen_sdpa
+    from splitserve.target.sdpa import varlen_sdpa
 
     q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
     mask = torch.ones(5, 5, dtype=torch.bool).tril()

@@ -8,7 +8,7 @@ from tiny import tiny_draft, tiny_target
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from splitserve.serve.config import EngineConfig
-from splitserve.serve.engine import ContextLengthError, Engine, SamplingParams
+from splitserve.serve.engine import ContextLengthError, Engine, SamplingParams, attention_windows
 from splitserve.spec.decode import target_decode
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -35,6 +35,40 @@ def test_greedy_equals_target_greedy(gamma, markov_rank):
         assert stats.tokens == ref and stats.finish_reason == "length"
         assert 1 + sum(n + 1 for n in stats.accepts) >= 24
         assert engine.generate(prompt, SamplingParams(max_tokens=24), mode="ar").tokens == ref
+
+
+def test_attention_windows_keep_every_token():
+    """min_window: each step attends to the first W cache slots only (W covering every slot it
+    writes). Greedy and seeded sampling give the same tokens as attending to the whole cache,
+    and requests that grow through several windows use each of them."""
+    assert attention_windows(256, 1041) == [256, 512, 1024, 1041]
+    assert attention_windows(0, 69) == attention_windows(128, 69) == [69]
+    with pytest.raises(ValueError, match="min_window"):
+        attention_windows(-1, 69)
+    target = tiny_target(seed=4)
+    draft = tiny_draft(target, block_size=4, markov_rank=8)
+    torch.nn.init.normal_(draft.markov.w2.weight, std=1.0)
+    whole = Engine(target, draft, EngineConfig(max_context=64, min_window=0))
+    windowed = Engine(target, draft, EngineConfig(max_context=64, min_window=8))
+    assert whole.windows == [69] and windowed.windows == [8, 16, 32, 64, 69]
+    used = []
+    real = windowed._window_for
+    windowed._window_for = lambda mode, seq_len: used.append(real(mode, seq_len)) or used[-1]
+    sampled = SamplingParams(max_tokens=40, temperature=1.0, seed=5)
+    for prompt in _prompts(4):
+        ref = target_decode(target, prompt, 40)
+        for mode in ("spec", "ar"):
+            assert windowed.generate(prompt, SamplingParams(max_tokens=40), mode=mode).tokens == ref, mode
+        assert windowed.generate(prompt, sampled).tokens == whole.generate(prompt, sampled).tokens
+    assert {16, 32, 64} <= set(used)
+
+
+def test_cache_window_must_cover_the_written_slots():
+    from splitserve.target.static_cache import StaticKVCache
+
+    cache = StaticKVCache(num_layers=1, max_len=16)
+    with pytest.raises(ValueError, match="window"):
+        cache.bind(torch.arange(3), window=17)
 
 
 def _oracle(draft, truth: list[int], prompt_len: int, corrupt_every: int):
@@ -135,8 +169,8 @@ def test_round_has_no_host_reads(monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, counted)
     for temperature in (0.0, 1.0):
         with _SyncOps() as syncs:
-            engine._spec_round(temperature)
-            engine._ar_step(temperature)
+            engine._spec_round(temperature, engine.windows[-1])
+            engine._ar_step(temperature, engine.windows[-1])
         assert syncs.seen == [], (temperature, syncs.seen)
     assert reads == []
     stats = engine.generate([1, 2, 3], SamplingParams(max_tokens=20))
@@ -169,7 +203,7 @@ def test_sampling_matches_target_distribution():
         engine.anchor.fill_(anchor)
         toks = []
         while len(toks) < 2:
-            engine._spec_round(1.0)
+            engine._spec_round(1.0, engine.windows[-1])
             out = engine.out.tolist()
             toks += out[1 : out[0] + 2]
         first[toks[0]] += 1
@@ -201,7 +235,13 @@ def test_cuda_graph_rounds_equal_eager_rounds():
         ref = target_decode(target, prompt, 48)
         for mode in ("spec", "ar"):
             assert graphed.generate(prompt, SamplingParams(max_tokens=48), mode=mode).tokens == ref, mode
-    assert ("spec", 0.0) in graphed.graphs and ("ar", 0.0) in graphed.graphs
+    assert ("spec", 0.0, graphed.windows[-1]) in graphed.graphs and ("ar", 0.0, graphed.windows[-1]) in graphed.graphs
+    windowed = Engine(target, draft, EngineConfig(max_context=128, min_window=16))
+    for prompt in _prompts(8):
+        ref = target_decode(target, prompt, 48)
+        for mode in ("spec", "ar"):
+            assert windowed.generate(prompt, SamplingParams(max_tokens=48), mode=mode).tokens == ref, mode
+    assert sum(k[0] == "spec" for k in windowed.graphs._graphs) >= 3  # one graph per window in use
     stats = graphed.generate([1, 2, 3], SamplingParams(max_tokens=32, temperature=1.0, seed=1))
     assert len(stats.tokens) == 32 and all(0 <= t < target.info.vocab_size for t in stats.tokens)
 

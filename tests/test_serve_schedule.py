@@ -55,8 +55,8 @@ def test_greedy_with_schedule_equals_target_greedy(gamma):
     lengths = set()
     real_round = engine._spec_round
 
-    def recording(temperature):
-        real_round(temperature)
+    def recording(temperature, window):
+        real_round(temperature, window)
         lengths.add(int(engine.verify_len))
 
     engine._spec_round = recording
@@ -74,7 +74,7 @@ def test_scheduled_round_has_no_sync_ops():
     engine.generate([1, 2, 3], SamplingParams(max_tokens=4))
     for temperature in (0.0, 1.0):
         with base._SyncOps() as syncs:
-            engine._spec_round(temperature)
+            engine._spec_round(temperature, engine.windows[-1])
         assert syncs.seen == [], (temperature, syncs.seen)
 
 
@@ -92,8 +92,8 @@ def test_sampling_with_schedule_matches_target_distribution(monkeypatch):
         seen.append(self)
         real_round = self._spec_round
 
-        def recording(temperature):
-            real_round(temperature)
+        def recording(temperature, window):
+            real_round(temperature, window)
             self.lengths.append(int(self.verify_len))
 
         self.lengths = []

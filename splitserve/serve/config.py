@@ -34,6 +34,12 @@ class EngineConfig:
     # chains (norms, RoPE, residuals, the Markov stage) fuse into fewer kernels. "inductor" for
     # real use; "aot_eager" traces without generating code (tests). None: off.
     compile_backend: str | None = None
+    # Attention windows: a step attends to the first W cache slots only, W the smallest of
+    # min_window, 2*min_window, ... (capped at the capacity) that holds every position the step
+    # writes. One CUDA graph per window in use, so a short request does not pay for attention
+    # over the whole max_context. 0: always the whole cache (one graph). Off by default until
+    # it is measured on a GPU (tested equal on CPU; docs/serving.md).
+    min_window: int = 0
 
 
 @dataclass

@@ -7,7 +7,8 @@ Device state between rounds, for committed tokens x_0 .. x_p (p = `seq_len`):
     seq_len ()     p
     out (γ+2,)     [n, committed tokens of the last round, padding]
 One speculative round (`_spec_round`) touches only these buffers and every shape in it is fixed
-by γ and the capacity L, so it is captured as one CUDA graph:
+by γ and the attention window W (the first W slots of both caches; W covers p+γ), so it is
+captured as one CUDA graph per window:
     1. draft   d_1..d_γ from [x_p, M, ..., M] at p..p+γ-1, context slots < p visible
     2. verify  target on [x_p, d_1..d_γ] at p..p+γ (writes γ+1 cache slots)
     3. accept  n draft tokens + bonus (greedy or rejection sampling, on the device)
@@ -15,7 +16,8 @@ by γ and the capacity L, so it is captured as one CUDA graph:
                seq_len += n + 1, anchor = bonus, out = [n, d_1..d_n, bonus, ...]
 Rejected tokens are never cropped: the next round starts at the new p, whose masks hide every
 slot at or above it until it is overwritten. The host reads `out` once per round (the tokens to
-stream, which also tell it p) and decides whether to stop; nothing else leaves the device.
+stream, which also tell it p, hence the next round's window) and decides whether to stop;
+nothing else leaves the device.
 
 AR mode is the same engine without the draft: one token per step through the same static cache.
 Verification width is static (γ+1). With `verify_schedule="confidence"` the round also picks,
@@ -45,6 +47,18 @@ from splitserve.spec.schedule import SCHEDULES, choose_prefix, linear_cost, pref
 from splitserve.spec.verify import verify_block
 
 MODES = ("spec", "ar")
+
+
+def attention_windows(min_window: int, capacity: int) -> list[int]:
+    """min_window, 2*min_window, ... below capacity, then capacity; [capacity] when off (0)."""
+    if min_window < 0:
+        raise ValueError(f"min_window must be >= 0, got {min_window}")
+    out = []
+    w = min_window
+    while 0 < w < capacity:
+        out.append(w)
+        w *= 2
+    return out + [capacity]
 
 
 class ContextLengthError(ValueError):
@@ -105,7 +119,9 @@ class Engine:
         self.out = torch.zeros(self.gamma + 2, dtype=torch.long, device=dev)
         self._offsets = torch.arange(self.gamma + 1, device=dev)  # (γ+1,)
         self.generator = torch.Generator(device=dev).manual_seed(cfg.seed)
-        self.graphs = StepGraphs(cfg.use_cuda_graphs, dev, self.generator)
+        self.windows = attention_windows(cfg.min_window, self.capacity)
+        # one graph per (mode, temperature, window): room for a few temperatures per mode
+        self.graphs = StepGraphs(cfg.use_cuda_graphs, dev, self.generator, max_graphs=8 * len(self.windows))
         if cfg.verify_kernel not in ("auto", "torch"):
             raise ValueError(f"verify_kernel must be auto or torch, got {cfg.verify_kernel!r}")
         impl = verify_kernels if cfg.verify_kernel == "auto" else verify_reference
@@ -137,14 +153,15 @@ class Engine:
 
     # ---- fixed-shape steps (graph-capturable: no host sync, device buffers only) -------------
 
-    def _spec_round(self, temperature: float) -> None:
-        p = self.seq_len  # ()
+    def _spec_round(self, temperature: float, window: int) -> None:
+        p = self.seq_len  # (); p + γ < window
         d_tok, d_prob, conf = self.draft.draft(
-            self.ctx.kv, self.anchor, p, temperature, self.generator, ctx_mask=self.ctx.block_mask(p)
+            self.ctx.window(window), self.anchor, p, temperature, self.generator,
+            ctx_mask=self.ctx.block_mask(p, window),
         )  # (γ,), (γ, V) | None, (γ,) | None
         pos = p + self._offsets  # (γ+1,)
         verify_in = torch.cat([self.anchor.view(1), d_tok])  # (γ+1,): x_p, d_1..d_γ
-        logits, cap = self.target.forward_static(verify_in[None], self.cache, pos)  # (1, γ+1, V)
+        logits, cap = self.target.forward_static(verify_in[None], self.cache, pos, window=window)  # (1, γ+1, V)
         n, bonus = verify_block(d_tok, d_prob, logits[0], temperature, self.generator, **self._verify_fns)
         if self.scheduled:
             limit = choose_prefix(prefix_survival(conf, self._conf_temps), self._cost)  # (): L in 0..γ
@@ -157,17 +174,32 @@ class Engine:
         self.seq_len.add_(n + 1)
         self.anchor.copy_(bonus)
 
-    def _ar_step(self, temperature: float) -> None:
-        p = self.seq_len
-        logits, _ = self.target.forward_static(self.anchor.view(1, 1), self.cache, p.view(1))  # (1, 1, V)
+    def _ar_step(self, temperature: float, window: int) -> None:
+        p = self.seq_len  # (); p < window
+        logits, _ = self.target.forward_static(self.anchor.view(1, 1), self.cache, p.view(1), window=window)
         tok = pick_token(logits[0, -1], temperature, self.generator)
         self.out[0].zero_()  # in-place on the device: a Python scalar would be a host copy
         self.out[1].copy_(tok)
         self.seq_len.add_(1)
         self.anchor.copy_(tok)
 
-    def _step(self, mode: str, temperature: float):
-        return partial(self._spec_round if mode == "spec" else self._ar_step, temperature)
+    def _step(self, mode: str, temperature: float, window: int):
+        return partial(self._spec_round if mode == "spec" else self._ar_step, temperature, window)
+
+    def _window_for(self, mode: str, seq_len: int) -> int:
+        """The smallest window holding every slot a step at committed length seq_len writes."""
+        last = seq_len + (self.gamma if mode == "spec" else 0)
+        return next(w for w in self.windows if w > last)
+
+    def _prepare(self, mode: str, temperature: float, max_len: int) -> None:
+        """Capture the graphs of every window a request reaching max_len committed tokens uses.
+        Warm-up runs clobber the engine state, so this happens before a prefill."""
+        for w in self.windows:
+            self._reset()
+            self.graphs.prepare((mode, temperature, w), self._step(mode, temperature, w))
+            if w > max_len + self.gamma:
+                break
+        self._reset()
 
     # ---- one request --------------------------------------------------------------------
 
@@ -186,9 +218,8 @@ class Engine:
             )
 
     def warmup(self, mode: str = "spec", temperature: float = 0.0) -> None:
-        """Capture the step's graph now (no-op off CUDA), so the first request is not slower."""
-        self._reset()
-        self.graphs.prepare((mode, temperature), self._step(mode, temperature))
+        """Capture the step's graphs now (no-op off CUDA), so the first request is not slower."""
+        self._prepare(mode, temperature, self.max_context)
 
     def _reset(self) -> None:
         self.seq_len.zero_()
@@ -216,20 +247,21 @@ class Engine:
         start = time.perf_counter()
         stats = GenStats(prompt_tokens=len(prompt_ids))
         temperature = float(params.temperature)
-        key, step = (mode, temperature), self._step(mode, temperature)
-        self._reset()
-        self.graphs.prepare(key, step)  # before the prefill: warm-up runs clobber the state
+        self._prepare(mode, temperature, len(prompt_ids) + params.max_tokens)  # before the prefill
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         self._prefill(prompt_ids, temperature)
         chunk = [int(self.anchor)]  # host read: the first token
         stats.ttft_s = time.perf_counter() - start
+        seq_len = len(prompt_ids)  # the host's copy of p, kept by the per-round read
         while True:
             if self._commit(stats, chunk, params, on_tokens, start):
                 break
-            self.graphs.run(key, step)
+            w = self._window_for(mode, seq_len)
+            self.graphs.run((mode, temperature, w), self._step(mode, temperature, w))
             vals = self.out.tolist()  # the one host read per round
             n = vals[0]
+            seq_len += n + 1
             if mode == "spec":
                 stats.accepts.append(n)
             chunk = vals[1 : n + 2]

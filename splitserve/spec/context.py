@@ -55,7 +55,12 @@ class StaticDraftContext:
             k.index_copy_(2, positions, nk.to(k.dtype))
             v.index_copy_(2, positions, nv.to(v.dtype))
 
-    def block_mask(self, anchor_pos: torch.Tensor) -> torch.Tensor:
-        """anchor_pos: () committed length p -> (1, 1, γ, L+γ) bool: slots < p, then the whole block."""
-        row = torch.cat([self._slots < anchor_pos, self._block])  # (L+γ,)
+    def window(self, w: int | None = None) -> KV:
+        """The first w slots of every layer's K/V (views, no copy): what a round attends to."""
+        return self.kv if w is None else [(k[:, :, :w], v[:, :, :w]) for k, v in self.kv]
+
+    def block_mask(self, anchor_pos: torch.Tensor, w: int | None = None) -> torch.Tensor:
+        """anchor_pos: () committed length p -> (1, 1, γ, W+γ) bool: slots < p among the first W
+        (default all L), then the whole block."""
+        row = torch.cat([self._slots[:w] < anchor_pos, self._block])  # (W+γ,)
         return row.expand(self._block.shape[0], -1)[None, None]

@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from splitserve.spec.decode import SpecDecoder, target_decode
+from splitserve.target.sdpa import varlen_sdpa
 
 
 @dataclass
@@ -76,10 +77,12 @@ def evaluate(
     gen = torch.Generator(device=target.device).manual_seed(seed)
     results, all_accepts = [], []
     for ids in tqdm(prompts, desc=desc, unit="prompt", leave=False):
-        res = decoder.generate(ids, max_new_tokens, temperature, eos_ids, gen, record_confidence)
-        exact = None
-        if temperature == 0 and check_exact:
-            exact = res.tokens == target_decode(target, ids, max_new_tokens, 0.0, eos_ids)
+        # The reference loop grows the context every round: a new attention shape each forward.
+        with varlen_sdpa():
+            res = decoder.generate(ids, max_new_tokens, temperature, eos_ids, gen, record_confidence)
+            exact = None
+            if temperature == 0 and check_exact:
+                exact = res.tokens == target_decode(target, ids, max_new_tokens, 0.0, eos_ids)
         confs = res.confidences if record_confidence and res.confidences else None
         results.append(PromptResult(list(ids), res.tokens, res.accepts, exact, confs))
         all_accepts += res.accepts

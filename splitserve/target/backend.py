@@ -66,11 +66,13 @@ class TargetBackend(Protocol):
         """A preallocated cache of `max_len` positions for `forward_static` (serving)."""
 
     def forward_static(
-        self, input_ids: torch.Tensor, cache: Any, positions: torch.Tensor, logits_from: int = 0
+        self, input_ids: torch.Tensor, cache: Any, positions: torch.Tensor, logits_from: int = 0,
+        window: int | None = None,
     ) -> tuple[torch.Tensor, Capture]:
         """Static-shape forward: input_ids (1, T) written at `positions` (T,), a device tensor.
 
         Each token sees the cache below positions[0] and the new tokens up to itself, so a
-        rejected draft is rewound by starting the next forward at a lower position. Returns
-        logits (1, T - logits_from, V) and the capture (aux only) of all T positions.
+        rejected draft is rewound by starting the next forward at a lower position. Attention
+        reads only the first `window` slots (None: all); every position must be below it.
+        Returns logits (1, T - logits_from, V) and the capture (aux only) of all T positions.
         """

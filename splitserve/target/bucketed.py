@@ -20,7 +20,7 @@ import torch
 
 from splitserve.serve.graphs import StepGraphs
 from splitserve.target.backend import Capture
-from splitserve.train.sdpa import varlen_sdpa
+from splitserve.target.sdpa import varlen_sdpa
 
 
 class BucketedCapture:

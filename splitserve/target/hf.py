@@ -104,13 +104,15 @@ class HFTarget:
 
     @torch.no_grad()
     def forward_static(
-        self, input_ids: torch.Tensor, cache: StaticKVCache, positions: torch.Tensor, logits_from: int = 0
+        self, input_ids: torch.Tensor, cache: StaticKVCache, positions: torch.Tensor, logits_from: int = 0,
+        window: int | None = None,
     ) -> tuple[torch.Tensor, Capture]:
         """input_ids: (1, T) written at `positions` (T,) of a static cache -> logits
         (1, T - logits_from, V) float32, aux (1, T, m*D). No host sync: positions and the mask
-        are device tensors, every shape depends only on T and the cache size."""
-        cache.bind(positions)
-        mask = visible_mask(positions, cache.max_len)  # (1, 1, T, L) bool
+        are device tensors, every shape depends only on T and the window W (default: the whole
+        cache; every position must be below it)."""
+        cache.bind(positions, window)
+        mask = visible_mask(positions, cache.window)  # (1, 1, T, W) bool
         if self.model.config._attn_implementation == "eager":  # eager adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(
                 ~mask, torch.finfo(self.dtype).min

@@ -243,7 +243,7 @@ class SGLangTarget:
     def new_static_cache(self, max_len: int):
         raise NotImplementedError(DECODE_MESSAGE)
 
-    def forward_static(self, input_ids, cache, positions, logits_from: int = 0):
+    def forward_static(self, input_ids, cache, positions, logits_from: int = 0, window=None):
         raise NotImplementedError(DECODE_MESSAGE)
 
 

@@ -6,7 +6,12 @@ host or reaches into private attributes that change between releases. Here the c
 where each new token goes (`bind(positions)`, a device tensor) and the attention mask says what
 is visible, so "rewind" is just a smaller committed length in the next round's positions: the
 stale entries beyond it are masked out and later overwritten. Every shape is fixed by
-`max_len`, which is what a CUDA graph needs.
+`max_len` (or by the bound window), which is what a CUDA graph needs.
+
+Attention window: `bind(positions, window=W)` makes the next forward attend to slots 0..W-1
+only, not the whole buffer. The caller picks W >= every position written, so nothing visible
+is cut; a short chat in a long-context server then pays attention over its live prefix rather
+than over `max_len` slots (one CUDA graph per window, serve/engine.py).
 
 Duck-typed to the transformers cache protocol (`update(k, v, layer_idx, ...)`), so any HF
 decoder that calls `cache.update` inside its attention works unchanged.
@@ -26,14 +31,18 @@ class StaticKVCache:
         self.keys: list[torch.Tensor | None] = [None] * num_layers  # each (1, Hkv, L, hd)
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self._positions: torch.Tensor | None = None
+        self.window = max_len  # W: slots the next forward attends to
 
-    def bind(self, positions: torch.Tensor) -> None:
-        """positions: (T,) long, where the next forward's T tokens are written."""
-        self._positions = positions
+    def bind(self, positions: torch.Tensor, window: int | None = None) -> None:
+        """positions: (T,) long, where the next forward's T tokens are written, all < window."""
+        window = self.max_len if window is None else window
+        if not 0 < window <= self.max_len:
+            raise ValueError(f"attention window {window} is outside 1..{self.max_len}")
+        self._positions, self.window = positions, window
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """key, value: (1, Hkv, T, hd) -> the whole buffers (1, Hkv, L, hd); the mask hides
-        positions that are not committed and not part of this forward."""
+        """key, value: (1, Hkv, T, hd) -> the buffers' first W slots (1, Hkv, W, hd); the mask
+        hides positions that are not committed and not part of this forward."""
         if self.keys[layer_idx] is None:  # first (prefill) call sizes the buffers
             shape = (*key.shape[:2], self.max_len, key.shape[-1])
             self.keys[layer_idx] = key.new_zeros(shape)
@@ -41,7 +50,7 @@ class StaticKVCache:
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
         k_buf.index_copy_(2, self._positions, key.to(k_buf.dtype))
         v_buf.index_copy_(2, self._positions, value.to(v_buf.dtype))
-        return k_buf, v_buf
+        return k_buf[:, :, : self.window], v_buf[:, :, : self.window]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         # Positions are always passed explicitly; nothing should derive them from the cache.

@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from splitserve.records import HiddenRecord
-from splitserve.train.sdpa import varlen_sdpa
+from splitserve.target.sdpa import varlen_sdpa
 
 
 class RecordSource(Protocol):
@@ -45,7 +45,7 @@ class TargetSource:
     def _capture(self, ids: torch.Tensor):
         if self.bucketed is not None:
             return self.bucketed(ids)
-        with varlen_sdpa():  # every sample is a new length (train/sdpa.py)
+        with varlen_sdpa():  # every sample is a new length (target/sdpa.py)
             return self.target.capture(ids[None].to(self.target.device))
 
     def get(self, indices: list[int]) -> list[HiddenRecord]:

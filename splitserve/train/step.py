@@ -16,7 +16,7 @@ from splitserve.models.dspark import DSparkDraft
 from splitserve.records import HiddenRecord
 from splitserve.train.losses import LossInputs, LossOut, compute_loss, decay_weights
 from splitserve.train.packing import PackedBlocks, pack_blocks, sample_anchors
-from splitserve.train.sdpa import varlen_sdpa
+from splitserve.target.sdpa import varlen_sdpa
 
 
 @dataclass
@@ -96,7 +96,7 @@ def draft_loss(
         packed = plan_blocks(draft, batch, anchors_per_seq, generator)
     ctx_pos = torch.arange(t, device=batch.input_ids.device).expand(b, t)
     ctx_kv = draft.context_kv(batch.aux, ctx_pos)
-    with varlen_sdpa():  # the context length changes every step (train/sdpa.py)
+    with varlen_sdpa():  # the context length changes every step (target/sdpa.py)
         h = draft.backbone(packed.block_ids, packed.block_pos, ctx_kv, packed.mask)  # (B, N*γ, D)
     h = h.view(b, -1, arch.block_size, h.shape[-1])  # (B, N, γ, D)
 
