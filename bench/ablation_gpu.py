@@ -119,9 +119,10 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True) 
     from splitserve.serve.engine import Engine, SamplingParams
     from splitserve.spec.evaluate import acceptance_stats
     from splitserve.target import load_target
+    from splitserve.target.eos import eos_ids
     from splitserve.target.hf import pick_device
     from splitserve.train.checkpoint import read_state
-    from splitserve.train.heldout import eos_ids_of, evaluate_run, load_prompt_ids
+    from splitserve.train.heldout import evaluate_run, load_prompt_ids
 
     cfg = read_config(run_dir)
     ckpts = checkpoints(run_dir)
@@ -148,7 +149,7 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True) 
     prompts = load_prompt_ids(cfg.data.heldout_prompts, target.tokenizer, cfg.eval.num_prompts)
     # Curve points through the serving engine (static caches, CUDA graphs on a GPU): the same
     # greedy rounds as the reference loop, pooled the same way, in a fraction of the time.
-    eos = frozenset(eos_ids_of(target.tokenizer))
+    eos = eos_ids(target)
     curve = []
     for step in sorted(points):
         engine = Engine(target, draft_at(step).to(target.dtype), EngineConfig(max_context=1024))

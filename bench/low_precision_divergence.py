@@ -22,7 +22,8 @@ import torch
 
 from splitserve.serve.config import EngineConfig, ModelsConfig
 from splitserve.serve.engine import Engine, SamplingParams
-from splitserve.serve.loading import eos_ids, load_models
+from splitserve.serve.loading import load_models
+from splitserve.target.eos import eos_ids
 from splitserve.train.heldout import load_prompt_ids
 
 

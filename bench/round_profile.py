@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from splitserve.serve.config import EngineConfig, ModelsConfig  # noqa: E402
 from splitserve.serve.engine import Engine, SamplingParams  # noqa: E402
 from splitserve.serve.graphs import StepGraphs  # noqa: E402
-from splitserve.serve.loading import eos_ids, load_models  # noqa: E402
+from splitserve.serve.loading import load_models  # noqa: E402
+from splitserve.target.eos import eos_ids  # noqa: E402
 
 
 def time_graph(fn, iters: int, device: torch.device) -> float:

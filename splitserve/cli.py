@@ -116,8 +116,9 @@ def eval_main(argv: list[str]) -> None:
     from splitserve.models.build import build_draft, check_compatible
     from splitserve.models.io import load_draft, read_draft_meta
     from splitserve.spec.evaluate import evaluate, format_reports
+    from splitserve.target.eos import eos_ids
     from splitserve.target.hf import load_hf_target, peek_target_info
-    from splitserve.train.heldout import eos_ids_of, load_prompt_ids
+    from splitserve.train.heldout import load_prompt_ids
 
     arch, _, run_target = read_draft_meta(args.draft)
     target_path = args.target or run_target or "smollm2-135m"
@@ -128,7 +129,7 @@ def eval_main(argv: list[str]) -> None:
     target = load_hf_target(tcfg)
     draft = load_draft(args.draft, target)
     prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
-    eos = eos_ids_of(target.tokenizer)
+    eos = eos_ids(target)
     reports = {"draft": evaluate(target, draft, prompts, args.max_new_tokens, args.temperature, args.seed, eos_ids=eos)}
     if args.compare_untrained:
         import torch
@@ -207,8 +208,9 @@ def calibrate_main(argv: list[str]) -> None:
     from splitserve.config import TargetConfig
     from splitserve.models.io import load_draft, read_draft_meta
     from splitserve.spec.calibration import calibrate_run, format_fit
+    from splitserve.target.eos import eos_ids
     from splitserve.target.hf import load_hf_target
-    from splitserve.train.heldout import eos_ids_of, load_prompt_ids
+    from splitserve.train.heldout import load_prompt_ids
 
     run = _run_settings(args.run_dir)
     ev, data = run.get("eval", {}), run.get("data", {})
@@ -223,7 +225,7 @@ def calibrate_main(argv: list[str]) -> None:
                          args.temperature or [ev.get("temperature", 0.0)],
                          args.max_new_tokens or ev.get("max_new_tokens", 64),
                          seed=run.get("train", {}).get("seed", 0), n_bins=args.bins or ev.get("calibration_bins", 10),
-                         eos_ids=eos_ids_of(target.tokenizer), source=f"{len(prompts)} prompts from {prompts_from}")
+                         eos_ids=eos_ids(target), source=f"{len(prompts)} prompts from {prompts_from}")
     print("\n".join(format_fit(f) for f in fits))
     print(f"wrote {Path(args.run_dir) / 'calibration.json'}")
 

@@ -11,8 +11,9 @@ from splitserve.config import DraftConfig, LossConfig, TargetConfig
 from splitserve.data import load_samples, resolve_train_path
 from splitserve.models.build import build_draft, resolve_arch
 from splitserve.spec.evaluate import evaluate
+from splitserve.target.eos import eos_ids
 from splitserve.target.hf import load_hf_target
-from splitserve.train.heldout import eos_ids_of, load_prompt_ids
+from splitserve.train.heldout import load_prompt_ids
 from splitserve.train.sources import TargetSource
 from splitserve.train.step import collate, draft_loss
 
@@ -40,7 +41,7 @@ def test_greedy_exact_on_20_real_prompts(smollm2):
         out.total.backward()
         opt.step()
     prompts = load_prompt_ids("chitchat", target.tokenizer, 20)
-    report = evaluate(target, draft.eval(), prompts, max_new_tokens=24, eos_ids=eos_ids_of(target.tokenizer))
+    report = evaluate(target, draft.eval(), prompts, max_new_tokens=24, eos_ids=eos_ids(target))
     assert report.num_prompts == 20
     bad = [i for i, r in enumerate(report.results) if not r.exact]
     assert report.exact_matches == 20, f"prompts {bad} diverged from target greedy"

@@ -20,8 +20,8 @@ from splitserve.config import TargetConfig
 from splitserve.data.prompts import encode_prompt
 from splitserve.serve.app import make_server
 from splitserve.serve.config import EngineConfig, ModelsConfig, ServerConfig
-from splitserve.serve.loading import eos_ids
 from splitserve.spec.decode import target_decode
+from splitserve.target.eos import eos_ids
 from splitserve.target.hf import load_hf_target
 
 pytestmark = pytest.mark.usefixtures("one_thread")

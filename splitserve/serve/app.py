@@ -8,8 +8,9 @@ from pathlib import Path
 
 from splitserve.serve.config import EngineConfig, ModelsConfig, ServerConfig
 from splitserve.serve.engine import Engine
-from splitserve.serve.loading import eos_ids, load_models
+from splitserve.serve.loading import load_models
 from splitserve.serve.server import SplitServer, build_server
+from splitserve.target.eos import eos_ids
 
 
 def make_server(models: ModelsConfig, engine_cfg: EngineConfig, server_cfg: ServerConfig) -> SplitServer:

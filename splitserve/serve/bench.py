@@ -194,7 +194,7 @@ def format_table(results: dict[str, MethodResult]) -> str:
 def _prompts(cfg: BenchConfig, target, draft) -> tuple[list[list[int]], frozenset[int]]:
     """-> (prompt token ids, EOS ids that end a reply; empty for fixed-length synthetic requests)."""
     if cfg.prompts is not None:
-        from splitserve.serve.loading import eos_ids
+        from splitserve.target.eos import eos_ids
         from splitserve.train.heldout import load_prompt_ids
 
         return load_prompt_ids(cfg.prompts, target.tokenizer, cfg.num_requests), eos_ids(target)  # as the server

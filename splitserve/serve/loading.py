@@ -43,15 +43,3 @@ def load_models(cfg: ModelsConfig):
     # confidence-scheduled verification; None: the engine uses the raw c_k.
     draft.confidence_temperatures = temperatures_for(load_calibration(cfg.draft))
     return target, draft
-
-
-def eos_ids(target) -> frozenset[int]:
-    """The tokens that end a reply: the tokenizer's EOS and the generation config's."""
-    ids = set()
-    tok = target.tokenizer
-    if tok is not None and tok.eos_token_id is not None:
-        ids.add(int(tok.eos_token_id))
-    gen_eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
-    if gen_eos is not None:
-        ids |= {int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])}
-    return frozenset(ids)

@@ -12,6 +12,7 @@ from splitserve.models.build import build_draft
 from splitserve.spec.calibration import fit_report, format_fit, write_calibration
 from splitserve.spec.evaluate import EvalReport, evaluate, format_reports
 from splitserve.spec.plots import plot_acceptance
+from splitserve.target.eos import eos_ids
 
 
 def load_prompt_ids(name_or_path: str, tokenizer, limit: int | None) -> list[list[int]]:
@@ -23,17 +24,11 @@ def load_prompt_ids(name_or_path: str, tokenizer, limit: int | None) -> list[lis
     return [encode_prompt(tokenizer, p) for p in prompts]
 
 
-def eos_ids_of(tokenizer) -> set[int]:
-    if tokenizer is None or tokenizer.eos_token_id is None:
-        return set()
-    return {int(tokenizer.eos_token_id)}
-
-
 def evaluate_run(cfg: RunConfig, target, draft) -> dict[str, EvalReport]:
     """Writes eval.json, eval.md, acceptance.png (and calibration.json) into the run dir, prints the table."""
     ev = cfg.eval
     prompts = load_prompt_ids(cfg.data.heldout_prompts, target.tokenizer, ev.num_prompts)
-    eos = eos_ids_of(target.tokenizer)
+    eos = eos_ids(target)
     calibrate = ev.calibrate and draft.confidence is not None
     reports = {}
     reports["trained"] = evaluate(target, draft, prompts, ev.max_new_tokens, ev.temperature, cfg.train.seed,
