@@ -202,7 +202,13 @@ def _last_metrics(run_dir: Path) -> dict:
 def cmd_train(args) -> None:
     root = Path(args.root).resolve()
     dirs = {}
+    chosen = set(args.runs) if args.runs else {f"{d}:{lo}" for d, lo in RUNS}
+    unknown = chosen - {f"{d}:{lo}" for d, lo in RUNS}
+    if unknown:
+        sys.exit(f"--runs: unknown {sorted(unknown)}; choose from {[f'{d}:{lo}' for d, lo in RUNS]}")
     for i, (draft, loss) in enumerate(RUNS):
+        if f"{draft}:{loss}" not in chosen:
+            continue
         run_dir = root / "runs" / run_name(i, draft, loss)
         write_config(build_config(args, draft, loss, run_dir), run_dir, [f"draft={draft}", f"loss={loss}"])
         dirs[run_dir.name] = run_dir
@@ -294,6 +300,9 @@ def main() -> None:
     t.add_argument("--log-every", type=int, default=25)
     t.add_argument("--device", default="cuda")
     t.add_argument("--capture-graphs", action="store_true", help="target.capture_graphs=true (target/bucketed.py)")
+    t.add_argument("--runs", nargs="+", default=None, metavar="DRAFT:LOSS",
+                   help="train only these runs, e.g. dspark_b16:prefix (default: all six; fewer runs share "
+                        "the GPU and host with fewer others, so each goes further in the same minutes)")
     t.add_argument("--num-prompts", type=int, default=40)
     t.add_argument("--max-new-tokens", type=int, default=96)
     e = sub.add_parser("eval")

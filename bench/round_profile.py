@@ -64,6 +64,7 @@ def component_costs(engine: Engine, prompt: list[int], iters: int) -> dict:
     With --compile the draft and verify components are compiled like the engine's steps."""
     e = engine
     P = len(prompt)
+    e.check_fits(P, 1)
     w = e._window_for("spec", P)
     d_out = torch.zeros(e.gamma, dtype=torch.long, device=e.device)
     block = torch.zeros(e.gamma + 1, dtype=torch.long, device=e.device)

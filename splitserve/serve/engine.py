@@ -130,6 +130,11 @@ class Engine:
         if cfg.compile_backend:
             # Fixed shapes, so no dynamic-shape tracing. Sampling with a user generator breaks
             # the traced graph around the draw, which then runs eagerly (still graph-captured).
+            # One trace per (temperature, window) met; past dynamo's recompile limit (8 by default)
+            # a step would silently run uncompiled. (The setting's name before torch 2.7 differs.)
+            dyn = torch._dynamo.config
+            name = "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit"
+            setattr(dyn, name, max(getattr(dyn, name), self.graphs.max_graphs))
             self._spec_round = torch.compile(self._spec_round, backend=cfg.compile_backend, dynamic=False)
             self._ar_step = torch.compile(self._ar_step, backend=cfg.compile_backend, dynamic=False)
 
@@ -191,14 +196,15 @@ class Engine:
         last = seq_len + (self.gamma if mode == "spec" else 0)
         return next(w for w in self.windows if w > last)
 
-    def _prepare(self, mode: str, temperature: float, max_len: int) -> None:
-        """Capture the graphs of every window a request reaching max_len committed tokens uses.
-        Warm-up runs clobber the engine state, so this happens before a prefill."""
+    def _prepare(self, mode: str, temperature: float, first: int, last: int) -> None:
+        """Capture the graphs of the windows used by steps starting at committed lengths
+        first..last (windows too small for any step are never used, so never captured). Warm-up
+        runs clobber the engine state, so this happens before a prefill."""
+        lo, hi = self._window_for(mode, first), self._window_for(mode, last)
         for w in self.windows:
-            self._reset()
-            self.graphs.prepare((mode, temperature, w), self._step(mode, temperature, w))
-            if w > max_len + self.gamma:
-                break
+            if lo <= w <= hi:
+                self._reset()
+                self.graphs.prepare((mode, temperature, w), self._step(mode, temperature, w))
         self._reset()
 
     # ---- one request --------------------------------------------------------------------
@@ -219,7 +225,7 @@ class Engine:
 
     def warmup(self, mode: str = "spec", temperature: float = 0.0) -> None:
         """Capture the step's graphs now (no-op off CUDA), so the first request is not slower."""
-        self._prepare(mode, temperature, self.max_context)
+        self._prepare(mode, temperature, 1, self.max_context - 1)
 
     def _reset(self) -> None:
         self.seq_len.zero_()
@@ -247,7 +253,8 @@ class Engine:
         start = time.perf_counter()
         stats = GenStats(prompt_tokens=len(prompt_ids))
         temperature = float(params.temperature)
-        self._prepare(mode, temperature, len(prompt_ids) + params.max_tokens)  # before the prefill
+        # Steps start at committed lengths P .. P+max_tokens-2 (the prefill emits the first token).
+        self._prepare(mode, temperature, len(prompt_ids), len(prompt_ids) + params.max_tokens - 1)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         self._prefill(prompt_ids, temperature)
