@@ -37,6 +37,7 @@ import torch
 
 from splitserve.data.chat import DataError, Message, iter_json_rows, parse_messages
 from splitserve.data.prompts import encode_prompt
+from splitserve.target.eos import reply_end_ids
 
 FORMAT_VERSION = 1
 
@@ -199,7 +200,7 @@ def read_done(out: Path, settings: dict[str, Any]) -> set[str]:
 # --------------------------------------------------------------------------- generating
 
 
-def load_generator(cfg: GenConfig) -> tuple[Any, Any, set[int]]:
+def load_generator(cfg: GenConfig) -> tuple[Any, Any, frozenset[int]]:
     """The target as a plain causal LM (no captured layers needed): model, tokenizer, stop ids."""
     from transformers import AutoModelForCausalLM
 
@@ -214,7 +215,7 @@ def load_generator(cfg: GenConfig) -> tuple[Any, Any, set[int]]:
     return prepare_model(model, load_tokenizer(path))
 
 
-def prepare_model(model: Any, tokenizer: Any) -> tuple[Any, Any, set[int]]:
+def prepare_model(model: Any, tokenizer: Any) -> tuple[Any, Any, frozenset[int]]:
     """-> (model, tokenizer, stop ids), the model's own generation defaults cleared."""
     from transformers import GenerationConfig
 
@@ -225,13 +226,9 @@ def prepare_model(model: Any, tokenizer: Any) -> tuple[Any, Any, set[int]]:
     return model.eval(), tokenizer, stop
 
 
-def stop_ids(model: Any, tokenizer: Any) -> set[int]:
-    """End-of-turn ids: the tokenizer's eos and the model's generation eos (one id or a list)."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    ids.update(int(i) for i in ([eos] if isinstance(eos, int) else eos or []))
+def stop_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """End-of-turn ids (target/eos.py); generation cannot end replies without one."""
+    ids = reply_end_ids(model, tokenizer)
     if not ids:
         raise ValueError("the target has no end-of-turn token (tokenizer.eos_token_id); cannot end replies")
     return ids
@@ -305,7 +302,7 @@ def _row(source: Source, messages: list[Message], replies: list[Reply], settings
     return {"messages": messages, "gen": gen}
 
 
-def run_gen(cfg: GenConfig, loaded: tuple[Any, Any, set[int]] | None = None, progress: bool = True) -> GenSummary:
+def run_gen(cfg: GenConfig, loaded: tuple[Any, Any, frozenset[int]] | None = None, progress: bool = True) -> GenSummary:
     """Read, plan, skip what `cfg.out` already has, generate batch by batch, append."""
     from tqdm import tqdm
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import torch
@@ -111,7 +112,7 @@ def calibrate_run(
     max_new_tokens: int,
     seed: int = 0,
     n_bins: int = 10,
-    eos_ids: set[int] | None = None,
+    eos_ids: AbstractSet[int] | None = None,
     source: str = "",
 ) -> list[dict]:
     """Decode the prompts speculatively at each sampling temperature, fit STS, write calibration.json."""

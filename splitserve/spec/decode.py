@@ -12,6 +12,7 @@ One round:
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +30,7 @@ class SpecResult:
     confidences: list[list[float]] = field(default_factory=list)
 
 
-def _stop_at(tokens: list[int], eos_ids: set[int], limit: int) -> tuple[list[int], bool]:
+def _stop_at(tokens: list[int], eos_ids: AbstractSet[int], limit: int) -> tuple[list[int], bool]:
     for i, tok in enumerate(tokens[:limit]):
         if tok in eos_ids:
             return tokens[: i + 1], True
@@ -47,7 +48,7 @@ class SpecDecoder:
         prompt_ids: list[int],
         max_new_tokens: int,
         temperature: float = 0.0,
-        eos_ids: set[int] | None = None,
+        eos_ids: AbstractSet[int] | None = None,
         generator: torch.Generator | None = None,
         record_confidence: bool = False,
     ) -> SpecResult:
@@ -94,7 +95,7 @@ def target_decode(
     prompt_ids: list[int],
     max_new_tokens: int,
     temperature: float = 0.0,
-    eos_ids: set[int] | None = None,
+    eos_ids: AbstractSet[int] | None = None,
     generator: torch.Generator | None = None,
 ) -> list[int]:
     """The target on its own, one token per forward with a KV cache: the exactness reference."""

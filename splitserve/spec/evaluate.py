@@ -6,6 +6,7 @@ Conditional acceptance at position k = P(n >= k | n >= k-1) over all rounds.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -67,7 +68,7 @@ def evaluate(
     temperature: float = 0.0,
     seed: int = 0,
     check_exact: bool = True,
-    eos_ids: set[int] | None = None,
+    eos_ids: AbstractSet[int] | None = None,
     desc: str = "eval",
     record_confidence: bool = False,
 ) -> EvalReport:
