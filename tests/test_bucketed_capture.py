@@ -58,3 +58,17 @@ def test_graph_replay_equals_eager_capture_on_gpu():
         assert graphed.graphs.enabled
         torch.testing.assert_close(a.aux, b.aux)
         torch.testing.assert_close(a.final, b.final)
+
+
+def test_capture_graphs_default_is_on_for_cuda_only():
+    from splitserve.config import TargetConfig
+    from splitserve.target.bucketed import use_capture_graphs
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert TargetConfig().capture_graphs is None
+    assert use_capture_graphs(TargetConfig(), cuda) and not use_capture_graphs(TargetConfig(), cpu)
+    assert not use_capture_graphs(TargetConfig(backend="sglang"), cuda)  # SGLang runs its own graphs
+    assert use_capture_graphs(TargetConfig(capture_graphs=True), cpu)  # explicit wins (eager buckets on CPU)
+    assert not use_capture_graphs(TargetConfig(capture_graphs=False), cuda)
+    with pytest.raises(ValueError, match="transformers backend"):
+        use_capture_graphs(TargetConfig(backend="sglang", capture_graphs=True), cuda)

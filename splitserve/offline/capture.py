@@ -14,6 +14,7 @@ from tqdm import tqdm
 from splitserve.config import RunConfig
 from splitserve.offline.reader import dtype_from_name
 from splitserve.offline.writer import DumpWriter
+from splitserve.target.bucketed import use_capture_graphs
 from splitserve.train.sources import TargetSource
 
 
@@ -25,7 +26,7 @@ def run_dump(cfg: RunConfig, target=None) -> Path:
     path = resolve_train_path(cfg.data.train_path)
     samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples)
     print(f"[dump] data {path}: {stats.summary()}")
-    source = TargetSource(target, samples, bucketed=cfg.target.capture_graphs)
+    source = TargetSource(target, samples, bucketed=use_capture_graphs(cfg.target, target.device))
     out = Path(cfg.dump.out_dir)
     resume = out.exists() and not (out / "manifest.json").exists() and any(out.glob("shard_*"))
     t0 = time.time()

@@ -23,6 +23,15 @@ from splitserve.target.backend import Capture
 from splitserve.target.sdpa import varlen_sdpa
 
 
+def use_capture_graphs(cfg, device: torch.device) -> bool:
+    """TargetConfig.capture_graphs resolved for a target on `device` (None: on for CUDA)."""
+    if cfg.capture_graphs is None:
+        return cfg.backend == "transformers" and device.type == "cuda"
+    if cfg.capture_graphs and cfg.backend != "transformers":
+        raise ValueError(f"target.capture_graphs applies to the transformers backend, not {cfg.backend!r}")
+    return cfg.capture_graphs
+
+
 class BucketedCapture:
     def __init__(self, target, max_len: int, min_bucket: int = 64, use_graphs: bool = True):
         self.target = target

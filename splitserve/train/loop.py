@@ -37,15 +37,14 @@ def build_source(cfg: RunConfig, target, quiet: bool = False, store_dtype: torch
             print(f"[train] reading {len(reader)} samples from dump {cfg.data.dump_dir}")
         return DumpSource(reader)
     from splitserve.data import load_samples, resolve_train_path
+    from splitserve.target.bucketed import use_capture_graphs
 
-    if cfg.target.capture_graphs and cfg.target.backend != "transformers":
-        raise ValueError(f"target.capture_graphs applies to the transformers backend, not {cfg.target.backend!r}")
-
+    graphs = use_capture_graphs(cfg.target, target.device)
     path = resolve_train_path(cfg.data.train_path)
     samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples)
     if not quiet:
         print(f"[train] data {path}: {stats.summary()}")
-    return TargetSource(target, samples, store_dtype, bucketed=cfg.target.capture_graphs)
+    return TargetSource(target, samples, store_dtype, bucketed=graphs)
 
 
 class Logger:
