@@ -47,6 +47,7 @@ from splitserve.config import (  # noqa: E402
     TargetConfig,
     TrainConfig,
 )
+from splitserve.train.checkpoint import checkpoint_dirs  # noqa: E402
 
 # (draft, loss): the 2x2 DSpark grid plus DFlash (markov_rank 0, no confidence head) at both γ.
 RUNS = [("dspark_b8", "paper"), ("dspark_b8", "prefix"), ("dspark_b16", "paper"), ("dspark_b16", "prefix"),
@@ -95,12 +96,6 @@ def read_config(run_dir: Path) -> RunConfig:
                      eval=EvalConfig(**raw["eval"]), run_dir=raw["run_dir"])
 
 
-def checkpoints(run_dir: Path) -> dict[int, Path]:
-    root = run_dir / "checkpoints"
-    return {int(p.name.removeprefix("step_")): p for p in sorted(root.glob("step_*"))
-            if p.is_dir() and not p.name.endswith(".tmp")} if root.is_dir() else {}
-
-
 # ---- workers (one process per run) ---------------------------------------------------------
 
 
@@ -125,7 +120,7 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True) 
     from splitserve.train.heldout import evaluate_run, load_prompt_ids
 
     cfg = read_config(run_dir)
-    ckpts = checkpoints(run_dir)
+    ckpts = checkpoint_dirs(run_dir)
     view.mkdir(parents=True, exist_ok=True)
     (view / "checkpoints" / ckpts[s_star].name).mkdir(parents=True, exist_ok=True)
     shutil.copy(ckpts[s_star] / "state.json", view / "checkpoints" / ckpts[s_star].name / "state.json")
@@ -222,7 +217,7 @@ def cmd_train(args) -> None:
     summary = {}
     for k, d in dirs.items():
         m = _last_metrics(d)
-        summary[k] = {"exit": codes[k], "checkpoints": sorted(checkpoints(d)), "tokens_seen": m.get("tokens_seen"),
+        summary[k] = {"exit": codes[k], "checkpoints": sorted(checkpoint_dirs(d)), "tokens_seen": m.get("tokens_seen"),
                       "tok_per_s": m.get("tok_per_s"), "alpha": m.get("alpha")}
         print(f"{k}: exit {codes[k]}, checkpoints {summary[k]['checkpoints']}, {m.get('tok_per_s', 0):,.0f} tok/s")
         if codes[k]:
@@ -234,7 +229,7 @@ def cmd_train(args) -> None:
 def cmd_eval(args) -> None:
     root = Path(args.root).resolve()
     dirs = {d.name: d for d in sorted((root / "runs").iterdir()) if (d / "config.yaml").exists()}
-    common = set.intersection(*(set(checkpoints(d)) for d in dirs.values()))
+    common = set.intersection(*(set(checkpoint_dirs(d)) for d in dirs.values()))
     if not common:
         sys.exit("no checkpoint step that every run reached")
     s_star = args.step or max(common)
@@ -273,7 +268,7 @@ def cmd_best(args) -> None:
     (out / "checkpoints").mkdir(parents=True)
     shutil.copy(run_dir / "draft_arch.json", out / "draft_arch.json")
     shutil.copy(run_dir / "config.yaml", out / "config.yaml")
-    ckpt = checkpoints(run_dir)[step]
+    ckpt = checkpoint_dirs(run_dir)[step]
     (out / "checkpoints" / ckpt.name).symlink_to(ckpt)
     (out / "checkpoints" / "latest").write_text(ckpt.name)
     (out / "source.json").write_text(json.dumps({"run": run_dir.name, "step": step, "greedy_tau": tau}))

@@ -67,10 +67,18 @@ def save_checkpoint(
         os.replace(tmp, final)
         (root / "latest.tmp").write_text(name)
         os.replace(root / "latest.tmp", root / "latest")
-        for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
+        for old in list(checkpoint_dirs(run_dir).values())[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     part.barrier()
     return final
+
+
+def checkpoint_dirs(run_dir: Path) -> dict[int, Path]:
+    """step -> directory of every complete checkpoint of a run (half-written `.tmp` ones left
+    out), oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    done = (p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    return {int(p.name.removeprefix("step_")): p for p in sorted(done)}
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
