@@ -12,7 +12,7 @@ import splitserve.train.loop as loop
 from splitserve.config import DataConfig, DraftConfig, DumpConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
 from splitserve.models.io import load_draft
 from splitserve.target.hf import load_hf_target
-from splitserve.train.checkpoint import CheckpointError, latest_checkpoint
+from splitserve.train.checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint
 
 SAMPLE_CHAT = str(Path(__file__).resolve().parents[1] / "data" / "sample_chat.jsonl")
 
@@ -36,6 +36,14 @@ def _weights(draft):
 @pytest.fixture(scope="module")
 def tiny_smol_target(tiny_smol_dir):
     return load_hf_target(TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), layer_ids=[0, 1, 2], device="cpu"))
+
+
+def test_keep_checkpoints_prunes_oldest_or_keeps_all(tiny_smol_dir, tiny_smol_target, tmp_path):
+    loop.train(_cfg(tiny_smol_dir, tmp_path / "newest", save_every=1), tiny_smol_target)
+    assert list(checkpoint_dirs(tmp_path / "newest")) == [5, 6]  # keep_checkpoints=2 by default
+    loop.train(_cfg(tiny_smol_dir, tmp_path / "all", save_every=1, keep_checkpoints=0), tiny_smol_target)
+    assert list(checkpoint_dirs(tmp_path / "all")) == [1, 2, 3, 4, 5, 6]
+    assert latest_checkpoint(tmp_path / "all") == checkpoint_dirs(tmp_path / "all")[6]
 
 
 class Killed(Exception):
