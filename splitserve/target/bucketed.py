@@ -32,6 +32,12 @@ def use_capture_graphs(cfg, device: torch.device) -> bool:
     return cfg.capture_graphs
 
 
+def capture_unpadded(target, ids: torch.Tensor) -> Capture:
+    """ids: (n,) -> the target's eager capture at the sample's own length (no bucket)."""
+    with varlen_sdpa():  # every sample is a new length (target/sdpa.py)
+        return target.capture(ids[None].to(target.device))
+
+
 class BucketedCapture:
     def __init__(self, target, max_len: int, min_bucket: int = 64, use_graphs: bool = True):
         self.target = target
@@ -56,8 +62,7 @@ class BucketedCapture:
         n = ids.numel()
         length = self.bucket(n)
         if length > self.max_bucket:
-            with varlen_sdpa():
-                return self.target.capture(ids[None].to(self.target.device))
+            return capture_unpadded(self.target, ids)
         buf = self._ids.get(length)
         if buf is None:
             buf = self._ids[length] = torch.zeros(1, length, dtype=torch.long, device=self.target.device)

@@ -14,7 +14,7 @@ from typing import Protocol
 import torch
 
 from splitserve.records import HiddenRecord
-from splitserve.target.sdpa import varlen_sdpa
+from splitserve.target.bucketed import BucketedCapture, capture_unpadded
 
 
 class RecordSource(Protocol):
@@ -38,15 +38,10 @@ class TargetSource:
         self.num_samples = len(samples)
         self.bucketed = None
         if bucketed:  # fixed-length graphs per power-of-two bucket (target/bucketed.py)
-            from splitserve.target.bucketed import BucketedCapture
-
             self.bucketed = BucketedCapture(target, max((len(s.input_ids) for s in samples), default=1))
 
     def _capture(self, ids: torch.Tensor):
-        if self.bucketed is not None:
-            return self.bucketed(ids)
-        with varlen_sdpa():  # every sample is a new length (target/sdpa.py)
-            return self.target.capture(ids[None].to(self.target.device))
+        return self.bucketed(ids) if self.bucketed is not None else capture_unpadded(self.target, ids)
 
     def get(self, indices: list[int]) -> list[HiddenRecord]:
         records = []
