@@ -164,8 +164,8 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True) 
 # ---- drivers --------------------------------------------------------------------------------
 
 
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    threads = max(1, (os.cpu_count() or 1) // len(RUNS))  # the runs share the host's cores
+def _spawn(argv: list[str], log: Path, n_procs: int) -> subprocess.Popen:
+    threads = max(1, (os.cpu_count() or 1) // n_procs)  # the workers share the host's cores
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
            "OMP_NUM_THREADS": str(threads)}
     return subprocess.Popen([sys.executable, __file__, *argv], stdout=open(log, "w"), stderr=subprocess.STDOUT,
@@ -207,7 +207,7 @@ def cmd_train(args) -> None:
         run_dir = root / "runs" / run_name(i, draft, loss)
         write_config(build_config(args, draft, loss, run_dir), run_dir, [f"draft={draft}", f"loss={loss}"])
         dirs[run_dir.name] = run_dir
-    procs = {k: _spawn(["_train", str(d)], d / "train.log") for k, d in dirs.items()}
+    procs = {k: _spawn(["_train", str(d)], d / "train.log", len(dirs)) for k, d in dirs.items()}
 
     def progress(k):
         m = _last_metrics(dirs[k])
@@ -234,7 +234,8 @@ def cmd_eval(args) -> None:
         sys.exit("no checkpoint step that every run reached")
     s_star = args.step or max(common)
     print(f"S* = step {s_star} (reached by every run)", flush=True)
-    procs = {k: _spawn(["_eval", str(d), str(root / "sweep" / k), str(s_star), str(int(args.curve))], d / "eval.log")
+    procs = {k: _spawn(["_eval", str(d), str(root / "sweep" / k), str(s_star), str(int(args.curve))],
+                       d / "eval.log", len(dirs))
              for k, d in dirs.items()}
 
     def progress(k):
