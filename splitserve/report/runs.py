@@ -99,13 +99,13 @@ def _read_json(path: Path):
 
 
 def _read_yaml(path: Path):
+    """Plain YAML: Hydra saves config.yaml and overrides.yaml unresolved, so `${...}` stays a
+    string here as it would through OmegaConf, and the report needs no Hydra install."""
     import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException):
+        return yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
         return None  # a missing or half-written file of a crashed run is reported, not raised
 
 
