@@ -24,10 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench.roles_gpu`, run from anywhere
 
+from splitserve.serve.config import EngineConfig  # noqa: E402
+
 
 def _engine_costs(target, draft, args) -> dict:
     from splitserve.serve.bench import bench_engine, summarize, synthetic_prompts
-    from splitserve.serve.config import EngineConfig
     from splitserve.serve.engine import Engine
 
     input_len, output_len = args.input_len, args.output_len
@@ -106,7 +107,8 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-context", type=int, default=None, help="engine context (default: input+output+64)")
-    ap.add_argument("--min-window", type=int, default=0, help="EngineConfig.min_window (0: whole cache)")
+    ap.add_argument("--min-window", type=int, default=EngineConfig.min_window,
+                    help="EngineConfig.min_window (0: the whole cache every step)")
     ap.add_argument("--skip-smollm2", action="store_true")
     ap.add_argument("--skip-large", action="store_true")
     ap.add_argument("--random-smollm2", action="store_true", help="SmolLM2's shape with random weights")

@@ -285,6 +285,8 @@ def gen_main(argv: list[str]) -> None:
 
 
 def _models_args(p: argparse.ArgumentParser) -> None:
+    from splitserve.serve.config import EngineConfig  # dataclasses only: cheap to import
+
     p.add_argument("--draft", required=True, help="exported draft directory (or a training run directory)")
     p.add_argument("--target", default=None, help="target name or HF directory (default: the draft run's own)")
     p.add_argument("--device", default="auto")
@@ -296,7 +298,7 @@ def _models_args(p: argparse.ArgumentParser) -> None:
                    help="torch.compile the round and the AR step (inductor) before graph capture")
     p.add_argument("--verify-schedule", default="static", choices=["static", "confidence"],
                    help="confidence: verify only the prefix the draft's calibrated confidences pay for")
-    p.add_argument("--min-window", type=int, default=0,
+    p.add_argument("--min-window", type=int, default=EngineConfig.min_window,
                    help="attend to the first W cache slots only, W = min-window * 2^k covering the request "
                         "(one CUDA graph per W); 0: the whole --max-context every step")
 
