@@ -219,8 +219,10 @@ def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, draft_g
         device=reduce_device,
         own_group=own_group,
     )
-    # The draft shares the target's embedding and lm_head, and rank 0 evaluates against it.
-    target = load_hf_target(cfg.target, place.device)
+    # The draft copies the target's embedding and lm_head in at build time and uses nothing else
+    # of it while training, so the target stays in host memory: an 8B target would otherwise
+    # take ~16 GB of every draft rank's GPU. Rank 0 moves it over for the held-out evaluation.
+    target = load_hf_target(cfg.target, torch.device("cpu"))
     n = _broadcast_ints([0], roles.target_ranks[0], place)[0]
     spec = _spec(cfg, target.info)
     n_t = len(roles.target_ranks)
@@ -271,4 +273,5 @@ def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, draft_g
               f"trainer wait {v.trainer_wait_fraction:.1%}, producer wait {v.producer_wait_fraction:.1%}\n"
               f"[split] {v.advice}", flush=True)
         if cfg.eval.enabled:
+            target.model.to(place.device)
             evaluate_run(cfg, target, result.draft)
