@@ -2,6 +2,7 @@
 same for an 8B-class target shape with random weights.
 
     python bench/engine_gpu.py --out engine.json [--skip-smollm2] [--skip-large] [--random-smollm2] [--compile]
+        [--input-len 1024] [--output-len 256] [--max-context C] [--min-window 256]
 
 * SmolLM2-135M (the embedded target, bf16) with an *untrained* DSpark draft (γ=8, 1 layer): the
   engine's AR TPOT (one decode step, CUDA graph) and its speculative round time (draft round +

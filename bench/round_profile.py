@@ -1,7 +1,7 @@
 """Where a speculative round's time goes on the GPU, and how idle the GPU is inside it.
 
     python bench/round_profile.py --draft RUN_OR_EXPORT --prompts HELDOUT.jsonl --out profile.json \
-        [--num-prompts 8] [--max-tokens 128] [--max-context 1024] [--compile]
+        [--num-prompts 8] [--max-tokens 128] [--max-context 1024] [--min-window 256] [--compile]
 
 1. Component costs, each captured as its own CUDA graph and replayed back to back (CUDA events)
    at the first prompt's length and attention window: t_decode (the engine's AR step), t_draft
