@@ -1,4 +1,4 @@
-"""The draft ablation on one GPU: DSpark vs its DFlash baseline, γ = 8 vs 16, paper vs prefix loss.
+"""The draft ablation on the GPU: DSpark vs its DFlash baseline, γ = 8 vs 16, paper vs prefix loss.
 
     python bench/ablation_gpu.py train --data TRAIN.jsonl --prompts HELDOUT.jsonl --root R --minutes 6
     python bench/ablation_gpu.py eval  --root R      (prints `splitserve report R/sweep`)
@@ -7,8 +7,10 @@
 It is the sweep `splitserve train -m draft=dspark_b8,dspark_b16 loss=paper,prefix` plus the two
 DFlash runs (`draft=dflash_b8,dflash_b16 loss=paper`), with each draft's and loss's settings read
 from the same conf/draft/*.yaml and conf/loss/*.yaml files, driven without Hydra so that it runs
-where only torch and transformers are installed. The runs share one recipe (RECIPE below) and
-all train at once, one process each, on the one GPU: each is small next to an H200.
+where only torch and transformers are installed. The runs share one recipe (RECIPE below, with
+--num-layers / --batch-size / --lr to change it for all of them) and all train at once, one
+process each: on one GPU they share it (each is small next to an H200); on several, the runs
+go round-robin, one GPU each where there are enough.
 
 Equal budget. Processes that share a GPU do not run at the same speed, so every run trains for
 the same wall time and checkpoints every --save-every steps, keeping them all. `eval` then takes
@@ -55,6 +57,12 @@ RUNS = [("dspark_b8", "paper"), ("dspark_b8", "prefix"), ("dspark_b16", "paper")
 RECIPE = dict(num_layers=2, batch_size=8, anchors_per_seq=64, lr=1e-3, warmup_steps=50, max_length=1024)
 
 
+def recipe(args) -> dict:
+    """RECIPE with this invocation's --num-layers / --batch-size / --lr, where given."""
+    given = {k: getattr(args, k, None) for k in ("num_layers", "batch_size", "lr")}
+    return {**RECIPE, **{k: v for k, v in given.items() if v is not None}}
+
+
 def _conf(group: str, name: str) -> dict:
     return yaml.safe_load((REPO / "conf" / group / f"{name}.yaml").read_text()) or {}
 
@@ -65,15 +73,16 @@ def run_name(i: int, draft: str, loss: str) -> str:
 
 def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
     cuda = args.device.startswith("cuda")
+    rec = recipe(args)
     return RunConfig(
         target=TargetConfig(dtype="bfloat16" if cuda else "float32", device=args.device,
                             capture_graphs=args.capture_graphs),
-        draft=DraftConfig(**{**_conf("draft", draft), "num_layers": RECIPE["num_layers"]}),
-        data=DataConfig(train_path=args.data, heldout_prompts=args.prompts, max_length=RECIPE["max_length"]),
+        draft=DraftConfig(**{**_conf("draft", draft), "num_layers": rec["num_layers"]}),
+        data=DataConfig(train_path=args.data, heldout_prompts=args.prompts, max_length=rec["max_length"]),
         loss=LossConfig(**_conf("loss", loss)),
-        train=TrainConfig(max_steps=args.max_steps, max_minutes=args.minutes, batch_size=RECIPE["batch_size"],
-                          anchors_per_seq=RECIPE["anchors_per_seq"], lr=RECIPE["lr"],
-                          warmup_steps=RECIPE["warmup_steps"], log_every=args.log_every, save_every=args.save_every,
+        train=TrainConfig(max_steps=args.max_steps, max_minutes=args.minutes, batch_size=rec["batch_size"],
+                          anchors_per_seq=rec["anchors_per_seq"], lr=rec["lr"],
+                          warmup_steps=rec["warmup_steps"], log_every=args.log_every, save_every=args.save_every,
                           keep_checkpoints=0, device=args.device, precision="bf16" if cuda else "fp32"),
         eval=EvalConfig(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, extra_temperatures=[1.0],
                         compare_untrained=False),
@@ -164,10 +173,24 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True) 
 # ---- drivers --------------------------------------------------------------------------------
 
 
-def _spawn(argv: list[str], log: Path, n_procs: int) -> subprocess.Popen:
-    threads = max(1, (os.cpu_count() or 1) // n_procs)  # the workers share the host's cores
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def _spawn(argv: list[str], log: Path, n_procs: int, index: int = 0) -> subprocess.Popen:
+    """Worker `index` of `n_procs`: its share of the host's cores and, where the host has several
+    GPUs, GPU index mod count to itself (runs spread round-robin; one GPU: they all share it)."""
+    threads = max(1, (os.cpu_count() or 1) // n_procs)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
            "OMP_NUM_THREADS": str(threads)}
+    gpus = _gpu_count()
+    if gpus > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
     return subprocess.Popen([sys.executable, __file__, *argv], stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             env=env, cwd=REPO)
 
@@ -207,7 +230,7 @@ def cmd_train(args) -> None:
         run_dir = root / "runs" / run_name(i, draft, loss)
         write_config(build_config(args, draft, loss, run_dir), run_dir, [f"draft={draft}", f"loss={loss}"])
         dirs[run_dir.name] = run_dir
-    procs = {k: _spawn(["_train", str(d)], d / "train.log", len(dirs)) for k, d in dirs.items()}
+    procs = {k: _spawn(["_train", str(d)], d / "train.log", len(dirs), i) for i, (k, d) in enumerate(dirs.items())}
 
     def progress(k):
         m = _last_metrics(dirs[k])
@@ -222,7 +245,7 @@ def cmd_train(args) -> None:
         print(f"{k}: exit {codes[k]}, checkpoints {summary[k]['checkpoints']}, {m.get('tok_per_s', 0):,.0f} tok/s")
         if codes[k]:
             print((d / "train.log").read_text()[-3000:])
-    (root / "train_summary.json").write_text(json.dumps({"recipe": RECIPE, "minutes": args.minutes,
+    (root / "train_summary.json").write_text(json.dumps({"recipe": recipe(args), "minutes": args.minutes,
                                                         "runs": summary}, indent=1))
 
 
@@ -235,8 +258,8 @@ def cmd_eval(args) -> None:
     s_star = args.step or max(common)
     print(f"S* = step {s_star} (reached by every run)", flush=True)
     procs = {k: _spawn(["_eval", str(d), str(root / "sweep" / k), str(s_star), str(int(args.curve))],
-                       d / "eval.log", len(dirs))
-             for k, d in dirs.items()}
+                       d / "eval.log", len(dirs), i)
+             for i, (k, d) in enumerate(dirs.items())}
 
     def progress(k):
         return "done" if (root / "sweep" / k / "tau_curve.json").exists() else "..."
@@ -299,6 +322,9 @@ def main() -> None:
     t.add_argument("--runs", nargs="+", default=None, metavar="DRAFT:LOSS",
                    help="train only these runs, e.g. dspark_b16:prefix (default: all six; fewer runs share "
                         "the GPU and host with fewer others, so each goes further in the same minutes)")
+    t.add_argument("--num-layers", type=int, default=None, help=f"draft layers (recipe: {RECIPE['num_layers']})")
+    t.add_argument("--batch-size", type=int, default=None, help=f"sequences per step (recipe: {RECIPE['batch_size']})")
+    t.add_argument("--lr", type=float, default=None, help=f"peak learning rate (recipe: {RECIPE['lr']})")
     t.add_argument("--num-prompts", type=int, default=40)
     t.add_argument("--max-new-tokens", type=int, default=96)
     e = sub.add_parser("eval")

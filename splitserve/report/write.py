@@ -35,16 +35,17 @@ NOTES = """\
 
 
 def _sweep_overrides(sweep_dir: Path) -> list[str]:
+    """The sweep's task overrides from Hydra's multirun.yaml (plain YAML: interpolations are left
+    as strings, which this never resolves), so the report builds without Hydra installed."""
     import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     path = sweep_dir / "multirun.yaml"
     if not path.exists():
         return []
     try:
-        return [str(o) for o in OmegaConf.load(path).hydra.overrides.task]
-    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException):
+        task = yaml.safe_load(path.read_text())["hydra"]["overrides"]["task"]
+        return [str(o) for o in task or []]
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
         return []  # an unreadable multirun.yaml only costs the header line
 
 
