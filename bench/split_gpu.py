@@ -5,9 +5,10 @@ with one GPU both share it, so the transport is gloo staged through host memory)
 
     python bench/split_gpu.py long-data --src train.jsonl --out long.jsonl --tokens 8192 --rows 64
         concatenate chitchat conversations into multi-turn conversations of about 8K tokens
-    torchrun --nproc-per-node 2 bench/split_gpu.py copy --tokens 8192 --out copy.json
+    torchrun --nproc-per-node 2 bench/split_gpu.py copy --tokens 8192 --out copy.json [--backend nccl]
         raw copy bandwidths (device-device, device-host, host-device, pinned and not) and the
-        channel alone (records of 8K tokens sent as fast as the channel takes them, no model)
+        channel alone (records of 8K tokens sent as fast as the channel takes them, no model);
+        --backend nccl on a machine with a GPU per rank sends them GPU to GPU
     torchrun --nproc-per-node 2 bench/split_gpu.py train --data long.jsonl --out RUN [...]
         the real split job (SmolLM2 target, DSpark draft, DeepSpeed), as `splitserve train`
         would run it, without Hydra so that it runs where only torch and transformers are
@@ -57,17 +58,22 @@ def _time(fn, n: int) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def copy_bench(tokens: int, out: str) -> None:
+def copy_bench(tokens: int, out: str, backend: str = "gloo") -> None:
+    """backend gloo: the channel through host memory (ranks may share a GPU); nccl: one GPU per
+    rank, records sent GPU to GPU (what `split.transport=auto` picks when each rank has its own)."""
     import torch.distributed as dist
 
     from splitserve.records import HiddenRecord
     from splitserve.split.channel import ChannelSpec
     from splitserve.split.p2p import P2PChannel
 
-    dist.init_process_group("gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
     rank = dist.get_rank()
+    chan_dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     m, d = 5, 576  # SmolLM2-135M: 5 captured layers of width 576
-    results = {"tokens": tokens}
+    results = {"tokens": tokens, "backend": backend}
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).split(".")[1]
         nbytes = tokens * (m + 1) * d * torch.tensor([], dtype=dtype).element_size() + tokens * 9
@@ -83,26 +89,31 @@ def copy_bench(tokens: int, out: str) -> None:
             row["h2d_pinned_GBps"] = b / _time(lambda: dev.copy_(pinned), 10) / 1e9
             row["d2h_pageable_GBps"] = b / _time(lambda: host.copy_(dev), 5) / 1e9
             row["h2d_pageable_GBps"] = b / _time(lambda: dev.copy_(host), 5) / 1e9
-        # The channel alone: 30 records of `tokens` tokens, host buffers (gloo), credits 4.
+        # The channel alone: 30 records of `tokens` tokens, credits 4; host buffers under gloo,
+        # device buffers under nccl.
         spec = ChannelSpec(max_tokens=tokens, aux_dim=m * d, hidden=d, dtype=dtype, credits=4)
         n = 30
         if rank == 0:
-            rec = HiddenRecord(0, torch.zeros(tokens, dtype=torch.long), torch.ones(tokens, dtype=torch.bool),
-                               torch.randn(tokens, m * d).to(dtype), torch.randn(tokens, d).to(dtype))
-            ch = P2PChannel(1, "producer", spec)
+            rec = HiddenRecord(0, torch.zeros(tokens, dtype=torch.long, device=chan_dev),
+                               torch.ones(tokens, dtype=torch.bool, device=chan_dev),
+                               torch.randn(tokens, m * d, device=chan_dev).to(dtype),
+                               torch.randn(tokens, d, device=chan_dev).to(dtype))
+            ch = P2PChannel(1, "producer", spec, device=chan_dev)
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(n):
                 ch.send(rec)
             ch.close()
+            torch.cuda.synchronize() if backend == "nccl" else None
             row["channel_send_s"] = time.perf_counter() - t0
         else:
-            ch = P2PChannel(0, "consumer", spec)
+            ch = P2PChannel(0, "consumer", spec, device=chan_dev)
             dist.barrier()
             t0 = time.perf_counter()
             got = 0
             while ch.recv() is not None:
                 got += 1
+            torch.cuda.synchronize() if backend == "nccl" else None
             wall = time.perf_counter() - t0
             row["channel_GBps"] = ch.stats().bytes / wall / 1e9
             row["channel_records_per_s"] = got / wall
@@ -153,6 +164,8 @@ def main() -> None:
     c = sub.add_parser("copy")
     c.add_argument("--tokens", type=int, default=8192)
     c.add_argument("--out", required=True)
+    c.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="nccl: one GPU per rank, device-to-device records")
     t = sub.add_parser("train")
     t.add_argument("--data", required=True)
     t.add_argument("--out", required=True)
@@ -169,7 +182,7 @@ def main() -> None:
     if args.mode == "long-data":
         make_long_data(args.src, args.out, args.tokens, args.rows)
     elif args.mode == "copy":
-        copy_bench(args.tokens, args.out)
+        copy_bench(args.tokens, args.out, args.backend)
     else:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         train_bench(args)

@@ -158,9 +158,9 @@ class SplitConfig:
     prefetch: int = 2  # records a draft rank receives ahead of the step that needs them
     wire_dtype: str = "float32"  # float32 | bfloat16: hidden states on the wire
     max_tokens: int | None = None  # receive buffer length; None: data.max_length
-    # auto: NCCL when every rank has a GPU of its own, else gloo (GPU ranks stage through host
-    # memory, which is what several ranks sharing one GPU need).
-    transport: str = "auto"  # auto | nccl | gloo
+    # auto = gloo: records are staged through host memory, whether ranks share a GPU or not.
+    # nccl is refused for now: the channel hung in its first two-GPU run (docs/split-training.md).
+    transport: str = "auto"  # auto | gloo | nccl (refused)
     heartbeat_s: float = 1.0
     stale_after_s: float = 30.0  # a rank silent this long is declared dead
 

@@ -190,3 +190,18 @@ def test_time_budget_ends_the_split_job_cleanly(tiny_smol_dir, tmp_path):
                         / "state.json").read_text())
     assert state["finished"] and 0 < state["step"] < 100000
     assert "[split] target rank 0: produced" in proc.stdout + proc.stderr
+
+
+def test_transport_choice_refuses_nccl_and_defaults_to_host_staged_gloo(monkeypatch):
+    from splitserve.split.runner import Placement
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    for transport in ("auto", "gloo"):
+        place = Placement.from_env(transport)
+        assert (place.rank, place.backend, place.channel_device.type) == (1, "gloo", "cpu")
+    with pytest.raises(RuntimeError, match="split.transport=nccl is disabled.*gloo"):
+        Placement.from_env("nccl")
+    with pytest.raises(ValueError, match="auto, gloo or nccl"):
+        Placement.from_env("ncl")

@@ -51,22 +51,22 @@ class Placement:
     def from_env(cls, transport: str) -> Placement:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         n_gpu = torch.cuda.device_count()
-        if n_gpu == 0:
-            if transport == "nccl":
-                raise RuntimeError("split.transport=nccl needs GPUs; this node has none")
-            return cls(rank, world, local_rank, torch.device("cpu"), "gloo", torch.device("cpu"))
-        device = torch.device("cuda", local_rank % n_gpu)
-        own_gpu = n_gpu >= local_world
-        if transport == "nccl" and not own_gpu:
+        if transport == "nccl":
             raise RuntimeError(
-                f"split.transport=nccl needs a GPU per rank: {local_world} ranks on {n_gpu} GPU(s). "
-                "Use split.transport=gloo (host-staged) to share GPUs."
+                "split.transport=nccl is disabled: in its first two-GPU run (bench/split_gpu.py copy "
+                "--backend nccl, two H200s) the channel hung, both ranks stuck in the first collective after "
+                "it opened, while the producer's credit receive was posted on another NCCL communicator. "
+                "Use split.transport=gloo (or auto), host-staged: 1.28 GB/s between two H200s "
+                "(docs/split-training.md)."
             )
-        use_nccl = transport == "nccl" or (transport == "auto" and own_gpu)
-        if use_nccl:
-            return cls(rank, world, local_rank, device, "nccl", device)
+        if transport not in ("auto", "gloo"):
+            raise ValueError(f"split.transport must be auto, gloo or nccl, got {transport!r}")
+        if n_gpu == 0:
+            return cls(rank, world, local_rank, torch.device("cpu"), "gloo", torch.device("cpu"))
+        # Every rank computes on a GPU (its own when there are enough, else shared); records are
+        # staged through host memory over gloo (see the error above for NCCL).
+        device = torch.device("cuda", local_rank % n_gpu)
         return cls(rank, world, local_rank, device, "gloo", torch.device("cpu"))
 
 
