@@ -52,8 +52,10 @@ from splitserve.config import (  # noqa: E402
 from splitserve.train.checkpoint import checkpoint_dirs  # noqa: E402
 
 # (draft, loss): the 2x2 DSpark grid plus DFlash (markov_rank 0, no confidence head) at both γ.
+# After them, runs chosen only by --runs: the other Markov head forms at γ=16.
 RUNS = [("dspark_b8", "paper"), ("dspark_b8", "prefix"), ("dspark_b16", "paper"), ("dspark_b16", "prefix"),
-        ("dflash_b8", "paper"), ("dflash_b16", "paper")]
+        ("dflash_b8", "paper"), ("dflash_b16", "paper"), ("dspark_b16_gated", "prefix"), ("dspark_b16_rnn", "prefix")]
+DEFAULT_RUNS = RUNS[:6]
 RECIPE = dict(num_layers=2, batch_size=8, anchors_per_seq=64, lr=1e-3, warmup_steps=50, max_length=1024)
 
 
@@ -220,7 +222,7 @@ def _last_metrics(run_dir: Path) -> dict:
 def cmd_train(args) -> None:
     root = Path(args.root).resolve()
     dirs = {}
-    chosen = set(args.runs) if args.runs else {f"{d}:{lo}" for d, lo in RUNS}
+    chosen = set(args.runs) if args.runs else {f"{d}:{lo}" for d, lo in DEFAULT_RUNS}
     unknown = chosen - {f"{d}:{lo}" for d, lo in RUNS}
     if unknown:
         sys.exit(f"--runs: unknown {sorted(unknown)}; choose from {[f'{d}:{lo}' for d, lo in RUNS]}")
@@ -320,8 +322,9 @@ def main() -> None:
     t.add_argument("--device", default="cuda")
     t.add_argument("--capture-graphs", action="store_true", help="target.capture_graphs=true (target/bucketed.py)")
     t.add_argument("--runs", nargs="+", default=None, metavar="DRAFT:LOSS",
-                   help="train only these runs, e.g. dspark_b16:prefix (default: all six; fewer runs share "
-                        "the GPU and host with fewer others, so each goes further in the same minutes)")
+                   help="train only these runs, e.g. dspark_b16:prefix (default: the six of the 2x2 + DFlash grid; "
+                        "dspark_b16_gated:prefix and dspark_b16_rnn:prefix on request; fewer runs share the GPU "
+                        "and host with fewer others, so each goes further in the same minutes)")
     t.add_argument("--num-layers", type=int, default=None, help=f"draft layers (recipe: {RECIPE['num_layers']})")
     t.add_argument("--batch-size", type=int, default=None, help=f"sequences per step (recipe: {RECIPE['batch_size']})")
     t.add_argument("--lr", type=float, default=None, help=f"peak learning rate (recipe: {RECIPE['lr']})")

@@ -47,7 +47,7 @@ class DraftConfig:
     head_dim: int | None = None
     intermediate_size: int | None = None
     markov_rank: int = 256
-    markov_head_type: str = "vanilla"  # vanilla | gated
+    markov_head_type: str = "vanilla"  # vanilla | gated | rnn (models/heads.py)
     enable_confidence_head: bool = True
     mask_token_id: int | None = None  # None: pick an unused special token of the tokenizer
     rope_theta: float | None = None

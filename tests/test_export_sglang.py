@@ -48,6 +48,9 @@ def sglang_spec(cfg: dict) -> dict[str, tuple[int, ...]]:
         if cfg["markov_head_type"] == "gated":
             spec["markov_head.gate_proj.weight"] = (r, d + r)
             spec["markov_head.gate_proj.bias"] = (r,)
+        if cfg["markov_head_type"] == "rnn":
+            spec["markov_head.joint_proj.weight"] = (3 * r, 2 * r + d)
+            spec["markov_head.joint_proj.bias"] = (3 * r,)
         if cfg.get("enable_confidence_head", True):
             with_markov = cfg.get("confidence_head_with_markov", r > 0)
             spec["confidence_head.proj.weight"] = (1, d + (r if with_markov else 0))
@@ -67,7 +70,7 @@ def _export(tmp_path, markov_rank=8, layer_ids=(1, 2, 4), algorithm=None, keep_f
     return target, draft, exp, cfg, load_file(str(exp.out_dir / "model.safetensors"))
 
 
-@pytest.mark.parametrize("markov_rank, head", [(8, "vanilla"), (8, "gated"), (0, "vanilla")])
+@pytest.mark.parametrize("markov_rank, head", [(8, "vanilla"), (8, "gated"), (8, "rnn"), (0, "vanilla")])
 def test_dspark_config_and_every_weight_match_the_loader(tmp_path, markov_rank, head):
     target, draft, exp, cfg, w = _export(tmp_path, markov_rank=markov_rank, markov_head_type=head)
     a = draft.arch
@@ -127,7 +130,8 @@ def test_dflash_refuses_a_markov_head(tmp_path):
 
 def test_every_trained_parameter_has_an_sglang_slot(tmp_path):
     target = tiny_target(seed=1)
-    for kw in (dict(markov_rank=8, markov_head_type="gated"), dict(markov_rank=0)):
+    for kw in (dict(markov_rank=8, markov_head_type="gated"), dict(markov_rank=8, markov_head_type="rnn"),
+               dict(markov_rank=0)):
         draft = tiny_draft(target, **kw)
         for name in draft.trainable_state_dict():
             sglang_name(name)  # KeyError would mean a weight SGLang cannot load
@@ -192,13 +196,23 @@ def sglang_reference_logits(cfg, w, aux, ctx_len, anchor, prev_ids, embed, lm_he
         if "markov_head.gate_proj.weight" in w:
             gate = torch.cat([hid, z], -1) @ w["markov_head.gate_proj.weight"].T + w["markov_head.gate_proj.bias"]
             z = torch.sigmoid(gate) * z
+        if "markov_head.joint_proj.weight" in w:  # RNNHead: a state carried along the block from zero
+            r = z.shape[-1]
+            state, outs = torch.zeros(r), []
+            for k in range(gamma):
+                joint = torch.cat([state, z[k], hid[k]]) @ w["markov_head.joint_proj.weight"].T
+                g, cand, o = (joint + w["markov_head.joint_proj.bias"]).split(r)
+                state = torch.sigmoid(g) * state + (1 - torch.sigmoid(g)) * torch.tanh(cand)
+                outs.append(torch.tanh(o))
+            z = torch.stack(outs)
         logits = logits + z @ w["markov_head.markov_w2.weight"].T
     return logits
 
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(markov_rank=8), dict(markov_rank=8, markov_head_type="gated"), dict(markov_rank=0),
+    [dict(markov_rank=8), dict(markov_rank=8, markov_head_type="gated"), dict(markov_rank=8, markov_head_type="rnn"),
+     dict(markov_rank=0),
      dict(markov_rank=8, layer_ids=(4, 1, 2))],  # unsorted captures: fc columns follow SGLang's order
 )
 def test_sglang_reference_forward_equals_ours(tmp_path, kw):

@@ -77,8 +77,8 @@ def test_outputs_do_not_depend_on_forbidden_positions():
 def test_packed_training_forward_equals_inference_round():
     """Many anchors packed in one pass give the same block logits as separate draft rounds."""
     target = tiny_target()
-    for rank in (0, 8):
-        draft = tiny_draft(target, block_size=4, markov_rank=rank).eval()
+    for rank, kind in ((0, "vanilla"), (8, "vanilla"), (8, "rnn")):
+        draft = tiny_draft(target, block_size=4, markov_rank=rank, markov_head_type=kind).eval()
         torch.nn.init.normal_(draft.markov.w2.weight, std=0.5) if draft.markov is not None else None
         ids = torch.randint(0, 90, (1, 30), generator=torch.Generator().manual_seed(1))
         loss = torch.ones(1, 30, dtype=torch.bool)

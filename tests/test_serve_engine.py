@@ -21,10 +21,10 @@ def _prompts(seed: int, n: int = 3):
 
 
 @pytest.mark.parametrize("gamma", [4, 8])
-@pytest.mark.parametrize("markov_rank", [0, 8])
-def test_greedy_equals_target_greedy(gamma, markov_rank):
+@pytest.mark.parametrize("markov_rank, head", [(0, "vanilla"), (8, "vanilla"), (8, "rnn")])
+def test_greedy_equals_target_greedy(gamma, markov_rank, head):
     target = tiny_target(seed=gamma + markov_rank)
-    draft = tiny_draft(target, block_size=gamma, markov_rank=markov_rank)
+    draft = tiny_draft(target, block_size=gamma, markov_rank=markov_rank, markov_head_type=head)
     if draft.markov is not None:  # a non-zero Markov bias, so the sequential stage matters
         torch.nn.init.normal_(draft.markov.w2.weight, std=1.0)
     engine = Engine(target, draft, EngineConfig(max_context=64))

@@ -13,7 +13,7 @@ from splitserve.train.step import collate, draft_loss
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 8, 16])
-@pytest.mark.parametrize("markov", [(0, "vanilla"), (8, "vanilla"), (8, "gated")])
+@pytest.mark.parametrize("markov", [(0, "vanilla"), (8, "vanilla"), (8, "gated"), (8, "rnn")])
 def test_greedy_equals_target_greedy(block_size, markov):
     target = tiny_target(seed=block_size)
     draft = tiny_draft(target, block_size=block_size, markov_rank=markov[0], markov_head_type=markov[1])

@@ -77,6 +77,10 @@ TOP_KEYS = {
     # models/dspark.py GatedMarkovHead.gate_proj = Linear(D + r, r), input cat([h, W1 x])
     "markov.gate.weight": "markov_head.gate_proj.weight",
     "markov.gate.bias": "markov_head.gate_proj.bias",
+    # models/dspark.py RNNHead.joint_proj = Linear(2r + D, 3r), input cat([state, W1 x, h]),
+    # output split (gate, candidate, output) in that order
+    "markov.joint.weight": "markov_head.joint_proj.weight",
+    "markov.joint.bias": "markov_head.joint_proj.bias",
     # models/dspark.py DSparkConfidenceHead.proj = Linear(D [+ r], 1, bias=True, dtype=float32)
     "confidence.proj.weight": "confidence_head.proj.weight",
     "confidence.proj.bias": "confidence_head.proj.bias",

@@ -138,12 +138,20 @@ class DSparkDraft(nn.Module):
 
     # ---- heads ----------------------------------------------------------------------------
 
-    def logits(self, h: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
-        """Markov-corrected draft logits. h: (..., D), prev_ids: (...) -> (..., V)."""
+    def markov_latent(self, h: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
+        """Teacher-forced blocks. h: (..., γ, D), prev_ids: (..., γ) -> z: (..., γ, r), or None
+        without a Markov head. prev_ids are [x0, x*_1 .. x*_{γ-1}] for each block."""
+        return None if self.markov is None else self.markov.latent(prev_ids, h)
+
+    def head_logits(self, h: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
+        """U + W2 z. h: (..., D), z: (..., r) or None -> (..., V)."""
         u = self.lm_head(h)
-        if self.markov is not None:
-            u = u + self.markov.bias(prev_ids, h)
-        return u
+        return u if z is None else u + self.markov.w2(z)
+
+    def logits(self, h: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
+        """Markov-corrected draft logits of teacher-forced blocks. h: (..., γ, D), prev_ids: (..., γ)
+        -> (..., γ, V)."""
+        return self.head_logits(h, self.markov_latent(h, prev_ids))
 
     def confidence_logit(self, h: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
         """h: (..., D), prev_ids: (...) -> logit of c_k: (...), or None without a confidence head."""
@@ -184,12 +192,14 @@ class DSparkDraft(nn.Module):
         probs = [] if temperature > 0 else None
         prev = anchor_id.view(1)
         prevs = []
-        # Sequential stage: x_k ~ softmax(U_k + B(x_{k-1})), k = 1..γ.
+        state = self.markov.init_state(h[:1]) if self.markov is not None else None  # (1, r) for rnn
+        # Sequential stage: x_k ~ softmax(U_k + B_k), B_k from x_{k-1} (and the rnn state), k = 1..γ.
         for k in range(gamma):
             prevs.append(prev)
             logit = base[k]
             if self.markov is not None:
-                logit = logit + self.markov.bias(prev, h[k : k + 1])[0]
+                state, z = self.markov.step(state, prev, h[k : k + 1])  # z: (1, r)
+                logit = logit + self.markov.w2(z)[0]
             if temperature > 0:
                 p = torch.softmax(logit.float() / temperature, dim=-1)
                 tok = torch.multinomial(p, 1, generator=generator)

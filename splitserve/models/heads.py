@@ -10,34 +10,66 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-MARKOV_TYPES = ("vanilla", "gated")
+MARKOV_TYPES = ("vanilla", "gated", "rnn")
 
 
 class MarkovHead(nn.Module):
-    """B_k = W2 z_k with z_k = W1[x_{k-1}] (vanilla) or gated by [h_k ; W1 x_{k-1}] (gated)."""
+    """B_k = W2 z_k, z_k the head's r-dim latent for position k of a block:
+
+    vanilla  z_k = W1[x_{k-1}]
+    gated    z_k = W1[x_{k-1}] * sigmoid(W_g [h_k ; W1[x_{k-1}]] + b_g)
+    rnn      a state s (r) carried along the block from s_0 = 0: with u = [s_{k-1} ; W1[x_{k-1}] ; h_k],
+             (g, c, o) = split(W_j u + b_j), s_k = g * s_{k-1} + (1 - g) * c with g = sigmoid,
+             c = tanh, and z_k = tanh(o). Position k then depends on every earlier token of its
+             block, not only the one before (DSPARK.md "Variants").
+
+    `latent` computes a whole teacher-forced block (training, export); `step` one position of
+    a block being drafted (inference), carrying the rnn state. Both give the same z.
+    """
 
     def __init__(self, vocab_size: int, rank: int, hidden_size: int, kind: str = "vanilla"):
         super().__init__()
         if kind not in MARKOV_TYPES:
             raise ValueError(f"markov_head_type must be one of {MARKOV_TYPES}, got {kind!r}")
-        self.kind = kind
+        self.kind, self.rank = kind, rank
         self.w1 = nn.Embedding(vocab_size, rank)
         self.w2 = nn.Linear(rank, vocab_size, bias=False)
         # W2 = 0 at init: an untrained DSpark drafts exactly like its DFlash backbone.
         nn.init.zeros_(self.w2.weight)
         nn.init.normal_(self.w1.weight, std=0.02)
         self.gate = nn.Linear(hidden_size + rank, rank) if kind == "gated" else None
+        self.joint = nn.Linear(2 * rank + hidden_size, 3 * rank) if kind == "rnn" else None
 
     def features(self, prev_ids: torch.Tensor) -> torch.Tensor:
         """prev_ids: (...) -> W1[prev]: (..., r)."""
         return self.w1(prev_ids)
 
-    def bias(self, prev_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """prev_ids: (...), h: (..., D) -> B: (..., V)."""
-        z = self.w1(prev_ids)
+    def init_state(self, like: torch.Tensor) -> torch.Tensor | None:
+        """The rnn state s_0 = 0 for a batch shaped like `like` (..., D): (..., r); else None."""
+        return like.new_zeros(*like.shape[:-1], self.rank) if self.joint is not None else None
+
+    def step(
+        self, state: torch.Tensor | None, prev_ids: torch.Tensor, h: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """One position. state: (..., r) or None, prev_ids: (...), h: (..., D) -> (state', z: (..., r))."""
+        e = self.w1(prev_ids).to(h.dtype)
         if self.gate is not None:
-            z = z * torch.sigmoid(self.gate(torch.cat([h, z], dim=-1)))
-        return self.w2(z)
+            return state, e * torch.sigmoid(self.gate(torch.cat([h, e], dim=-1)))
+        if self.joint is not None:
+            g, c, o = self.joint(torch.cat([state, e, h], dim=-1)).chunk(3, dim=-1)
+            g = torch.sigmoid(g)
+            return g * state + (1 - g) * torch.tanh(c), torch.tanh(o)
+        return state, e
+
+    def latent(self, prev_ids: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """A teacher-forced block. prev_ids: (..., γ), h: (..., γ, D) -> z: (..., γ, r)."""
+        if self.joint is None:  # no state: every position at once
+            return self.step(None, prev_ids, h)[1]
+        state, zs = self.init_state(h[..., 0, :]), []
+        for k in range(h.shape[-2]):
+            state, z = self.step(state, prev_ids[..., k], h[..., k, :])
+            zs.append(z)
+        return torch.stack(zs, dim=-2)
 
 
 class ConfidenceHead(nn.Module):

@@ -14,9 +14,9 @@ import torch
 from splitserve.config import LossConfig
 from splitserve.models.dspark import DSparkDraft
 from splitserve.records import HiddenRecord
+from splitserve.target.sdpa import varlen_sdpa
 from splitserve.train.losses import LossInputs, LossOut, compute_loss, decay_weights
 from splitserve.train.packing import PackedBlocks, pack_blocks, sample_anchors
-from splitserve.target.sdpa import varlen_sdpa
 
 
 @dataclass
@@ -100,18 +100,22 @@ def draft_loss(
         h = draft.backbone(packed.block_ids, packed.block_pos, ctx_kv, packed.mask)  # (B, N*γ, D)
     h = h.view(b, -1, arch.block_size, h.shape[-1])  # (B, N, γ, D)
 
+    # Teacher forcing: each block's previous tokens are [x0, x*_1 .. x*_{γ-1}].  (B, N, γ)
+    prev_grid = batch.input_ids[torch.arange(b, device=h.device)[:, None, None], packed.label_pos - 1]
+    z = draft.markov_latent(h, prev_grid)  # (B, N, γ, r) or None: whole blocks (the rnn head runs along them)
+
     sel = packed.label_valid.nonzero(as_tuple=True)  # P positions
     bi, slot = sel[0], sel[2]
     block = bi * packed.label_valid.shape[1] + sel[1]  # (P,) one id per (sequence, anchor)
     label_pos = packed.label_pos[sel]  # (P,)
     labels = batch.input_ids[bi, label_pos]
-    prev = batch.input_ids[bi, label_pos - 1]  # teacher forcing: [x0, x*_1 .. x*_{γ-1}]
+    prev = prev_grid[sel]  # (P,)
     h_sel = h[sel]  # (P, D)
     with torch.no_grad():
         # Target's distribution for token a+k comes from its final hidden state at a+k-1.
         target_logits = draft.lm_head(batch.final[bi, label_pos - 1].to(h_sel.dtype))
     inputs = LossInputs(
-        draft_logits=draft.logits(h_sel, prev),
+        draft_logits=draft.head_logits(h_sel, z[sel] if z is not None else None),
         target_logits=target_logits,
         labels=labels,
         slot=slot,
