@@ -14,10 +14,10 @@ from splitserve.models.io import load_draft
 from splitserve.train.checkpoint import CheckpointError
 
 
-@pytest.fixture()
-def exported(tmp_path):
+@pytest.fixture(params=["vanilla", "rnn"])
+def exported(tmp_path, request):
     target = tiny_target(seed=1)
-    draft = tiny_draft(target, block_size=8, markov_rank=8)
+    draft = tiny_draft(target, block_size=8, markov_rank=8, markov_head_type=request.param)
     torch.nn.init.normal_(draft.markov.w2.weight, std=0.5)
     out = export_draft(draft, tmp_path / "export", target.info)
     return target, draft, out
