@@ -59,8 +59,9 @@ def _time(fn, n: int) -> float:
 
 
 def copy_bench(tokens: int, out: str, backend: str = "gloo") -> None:
-    """backend gloo: the channel through host memory (ranks may share a GPU); nccl: one GPU per
-    rank, records sent GPU to GPU (what `split.transport=auto` picks when each rank has its own)."""
+    """backend gloo: the channel through host memory (ranks may share a GPU), as split training
+    runs it; nccl: one GPU per rank, records sent GPU to GPU (hung on two H200s, so split
+    training refuses it for now: docs/results/split_h200.md)."""
     import torch.distributed as dist
 
     from splitserve.records import HiddenRecord

@@ -98,7 +98,7 @@ def _read_json(path: Path):
         return None
 
 
-def _read_yaml(path: Path):
+def read_yaml(path: Path):
     """Plain YAML: Hydra saves config.yaml and overrides.yaml unresolved, so `${...}` stays a
     string here as it would through OmegaConf, and the report needs no Hydra install."""
     import yaml
@@ -146,11 +146,11 @@ def _latest_state(run: Path) -> dict | None:
 
 def read_run(path: Path, sweep_dir: Path) -> RunSummary:
     s = RunSummary(path=path, name=path.name if path == sweep_dir else str(path.relative_to(sweep_dir)))
-    overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
+    overrides = read_yaml(path / ".hydra" / "overrides.yaml")
     s.overrides = [str(o) for o in overrides] if isinstance(overrides, list) else []
     problems = []
 
-    cfg = _read_yaml(path / "config.yaml")
+    cfg = read_yaml(path / "config.yaml")
     if isinstance(cfg, dict):
         draft, loss = cfg.get("draft") or {}, cfg.get("loss") or {}
         s.draft, s.block_size, s.markov_rank = draft.get("name"), draft.get("block_size"), draft.get("markov_rank")

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from splitserve.report.plots import plot_acceptance_by_config, plot_tau_vs_tokens
-from splitserve.report.runs import RunSummary, read_sweep
+from splitserve.report.runs import RunSummary, read_sweep, read_yaml
 from splitserve.report.table import COLUMNS, markdown_table, table_rows
 
 ACCEPTANCE_PNG = "report_acceptance.png"
@@ -35,17 +35,12 @@ NOTES = """\
 
 
 def _sweep_overrides(sweep_dir: Path) -> list[str]:
-    """The sweep's task overrides from Hydra's multirun.yaml (plain YAML: interpolations are left
-    as strings, which this never resolves), so the report builds without Hydra installed."""
-    import yaml
-
-    path = sweep_dir / "multirun.yaml"
-    if not path.exists():
-        return []
+    """The sweep's task overrides from Hydra's multirun.yaml, read as plain YAML like the runs'
+    own config files, so the report builds without Hydra installed."""
+    raw = read_yaml(sweep_dir / "multirun.yaml")  # None when missing or unreadable
     try:
-        task = yaml.safe_load(path.read_text())["hydra"]["overrides"]["task"]
-        return [str(o) for o in task or []]
-    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+        return [str(o) for o in raw["hydra"]["overrides"]["task"] or []]
+    except (KeyError, TypeError):
         return []  # an unreadable multirun.yaml only costs the header line
 
 

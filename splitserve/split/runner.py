@@ -44,8 +44,8 @@ class Placement:
     world_size: int
     local_rank: int
     device: torch.device  # model device
-    backend: str  # default process group: nccl | gloo
-    channel_device: torch.device  # where channel buffers live (CUDA only with NCCL)
+    backend: str  # default process group: gloo (from_env refuses nccl for now)
+    channel_device: torch.device  # where channel buffers live: host memory under gloo
 
     @classmethod
     def from_env(cls, transport: str) -> Placement:
@@ -124,7 +124,7 @@ def run_split(cfg: RunConfig) -> None:
         # ranks share GPUs with them (and so talk to them over gloo).
         gpus = torch.cuda.device_count()
         own_gpus = place.device.type == "cuda" and gpus >= len(roles.draft_ranks)
-        draft_backend = "nccl" if place.backend == "nccl" or own_gpus else "gloo"
+        draft_backend = "nccl" if own_gpus else "gloo"
         draft_group = dist.new_group(list(roles.draft_ranks), backend=draft_backend)
         own_group = None
         if cfg.train.backend == "deepspeed":
