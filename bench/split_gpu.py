@@ -8,7 +8,8 @@ with one GPU both share it, so the transport is gloo staged through host memory)
     torchrun --nproc-per-node 2 bench/split_gpu.py copy --tokens 8192 --out copy.json [--backend nccl]
         raw copy bandwidths (device-device, device-host, host-device, pinned and not) and the
         channel alone (records of 8K tokens sent as fast as the channel takes them, no model);
-        --backend nccl on a machine with a GPU per rank sends them GPU to GPU
+        --backend nccl on a machine with a GPU per rank sends the payloads GPU to GPU (headers
+        and credits over a gloo group of the pair, as split.transport=nccl does)
     torchrun --nproc-per-node 2 bench/split_gpu.py train --data long.jsonl --out RUN [...]
         the real split job (SmolLM2 target, DSpark draft, DeepSpeed), as `splitserve train`
         would run it, without Hydra so that it runs where only torch and transformers are
@@ -60,8 +61,10 @@ def _time(fn, n: int) -> float:
 
 def copy_bench(tokens: int, out: str, backend: str = "gloo") -> None:
     """backend gloo: the channel through host memory (ranks may share a GPU), as split training
-    runs it; nccl: one GPU per rank, records sent GPU to GPU (hung on two H200s, so split
-    training refuses it for now: docs/results/split_h200.md)."""
+    runs it by default; nccl: one GPU per rank, the default group on NCCL, record payloads sent
+    GPU to GPU over it and the channel's control traffic over a gloo group of the pair (the
+    layout that replaced all-NCCL, which hung on two H200s: docs/results/split_h200.md). The
+    barrier and all_gather after the channel are NCCL collectives, so a hang would show here."""
     import torch.distributed as dist
 
     from splitserve.records import HiddenRecord
@@ -72,6 +75,9 @@ def copy_bench(tokens: int, out: str, backend: str = "gloo") -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     dist.init_process_group(backend)
     rank = dist.get_rank()
+    # nccl: the channel's handshake, headers and credits go over gloo, only payloads over NCCL.
+    # Every rank creates the group (new_group is collective), here, before anything else.
+    control = dist.new_group([0, 1], backend="gloo") if backend == "nccl" else None
     chan_dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
     m, d = 5, 576  # SmolLM2-135M: 5 captured layers of width 576
     results = {"tokens": tokens, "backend": backend}
@@ -91,7 +97,7 @@ def copy_bench(tokens: int, out: str, backend: str = "gloo") -> None:
             row["d2h_pageable_GBps"] = b / _time(lambda: host.copy_(dev), 5) / 1e9
             row["h2d_pageable_GBps"] = b / _time(lambda: dev.copy_(host), 5) / 1e9
         # The channel alone: 30 records of `tokens` tokens, credits 4; host buffers under gloo,
-        # device buffers under nccl.
+        # device buffers (payloads) under nccl.
         spec = ChannelSpec(max_tokens=tokens, aux_dim=m * d, hidden=d, dtype=dtype, credits=4)
         n = 30
         if rank == 0:
@@ -99,7 +105,7 @@ def copy_bench(tokens: int, out: str, backend: str = "gloo") -> None:
                                torch.ones(tokens, dtype=torch.bool, device=chan_dev),
                                torch.randn(tokens, m * d, device=chan_dev).to(dtype),
                                torch.randn(tokens, d, device=chan_dev).to(dtype))
-            ch = P2PChannel(1, "producer", spec, device=chan_dev)
+            ch = P2PChannel(1, "producer", spec, control_group=control, device=chan_dev)
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(n):
@@ -108,7 +114,7 @@ def copy_bench(tokens: int, out: str, backend: str = "gloo") -> None:
             torch.cuda.synchronize() if backend == "nccl" else None
             row["channel_send_s"] = time.perf_counter() - t0
         else:
-            ch = P2PChannel(0, "consumer", spec, device=chan_dev)
+            ch = P2PChannel(0, "consumer", spec, control_group=control, device=chan_dev)
             dist.barrier()
             t0 = time.perf_counter()
             got = 0

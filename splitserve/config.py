@@ -159,8 +159,9 @@ class SplitConfig:
     wire_dtype: str = "float32"  # float32 | bfloat16: hidden states on the wire
     max_tokens: int | None = None  # receive buffer length; None: data.max_length
     # auto = gloo: records are staged through host memory, whether ranks share a GPU or not.
-    # nccl is refused for now: the channel hung in its first two-GPU run (docs/split-training.md).
-    transport: str = "auto"  # auto | gloo | nccl (refused)
+    # nccl (a GPU per rank): payloads GPU to GPU, headers and credits over gloo; experimental
+    # until a long training run has used it (docs/split-training.md).
+    transport: str = "auto"  # auto | gloo | nccl
     heartbeat_s: float = 1.0
     stale_after_s: float = 30.0  # a rank silent this long is declared dead
 

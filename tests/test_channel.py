@@ -391,3 +391,209 @@ def test_fan_in_and_fan_out_over_gloo() -> None:
     assert res[2]["bad"] == [] and res[2]["stats"]["records"] == 15
     assert res[1]["fan_out"] == [0, 2, 4, 6] and res[2]["fan_out"] == [1, 3, 5]
     assert res[0]["fan_out_stats"]["records"] == 7
+
+
+# ---- two planes: control on one group, payloads on another ----------------------------------
+
+
+def test_p2p_payloads_on_a_gpu_need_a_control_group() -> None:
+    # Refused before any call: headers and credits on NCCL are what hung on two H200s.
+    with pytest.raises(ValueError, match="needs a control_group"):
+        P2PChannel(1, "producer", spec(), device="cuda")
+
+
+class _Tracked:
+    """A payload-group call's Work, noting whether the channel waited for it."""
+
+    def __init__(self, work: dist.Work) -> None:
+        self.work, self.done = work, False
+
+    def wait(self) -> bool:
+        out = self.work.wait()
+        self.done = True
+        return out
+
+    def is_completed(self) -> bool:
+        return self.work.is_completed()
+
+
+class _CallLog:
+    """Every point-to-point call made in this process from now on, in order, as
+    (plane, op, dtype, numel, value of a one-element control send), plane naming its group."""
+
+    def __init__(self, planes: dict[int, str]) -> None:  # id(group) -> name
+        self.planes = planes
+        self.calls: list[tuple] = []
+        self.payload_works: list[_Tracked] = []
+        for op in ("isend", "irecv", "send", "recv"):
+            setattr(dist, op, self._wrap(op, getattr(dist, op)))
+
+    def _wrap(self, op: str, fn):
+        def call(tensor: torch.Tensor, *args, group=None, **kw):
+            plane = self.planes.get(id(group), "other")
+            value = int(tensor) if plane == "control" and op.endswith("send") and tensor.numel() == 1 else None
+            self.calls.append((plane, op, str(tensor.dtype).split(".")[1], tensor.numel(), value))
+            out = fn(tensor, *args, group=group, **kw)
+            if plane == "payload":
+                out = _Tracked(out)
+                self.payload_works.append(out)
+            return out
+
+        return call
+
+    def pending(self) -> int:
+        """Payload-group calls the channel has not waited for."""
+        return sum(not w.done for w in self.payload_works)
+
+
+def _planes_ranks(rank: int) -> dict:
+    """Rank 0 produces, rank 1 consumes, payloads on one gloo group and control traffic on
+    another; each phase (by tag) logs its own calls."""
+    ctl = dist.new_group([0, 1], backend="gloo")
+    data = dist.new_group([0, 1], backend="gloo")
+    log = _CallLog({id(ctl): "control", id(data): "payload"})
+    kw = dict(group=data, control_group=ctl)
+    out: dict = {}
+    mark = 0
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        out[name + "_calls"], mark = log.calls[mark:], len(log.calls)
+        out[name + "_pending"] = log.pending()
+
+    if rank == 0:
+        try:
+            P2PChannel(1, "producer", spec(credits=3), tag=0, **kw)
+        except ChannelMismatch:
+            phase("mismatch")
+        ch = P2PChannel(1, "producer", spec(), tag=1, **kw)
+        for k, t in enumerate(LENGTHS):
+            ch.send(make_record(k, t))
+        ch.close()
+        out["stats"] = ch.stats().as_dict()
+        phase("records")
+        sent = 0
+        with P2PChannel(1, "producer", spec(), tag=2, **kw) as ch:
+            try:
+                for k in range(200):
+                    ch.send(make_record(k, 4))
+                    sent += 1
+            except ConsumerStopped:
+                out["stopped_after"] = sent
+        phase("stop")
+        ch = P2PChannel(1, "producer", spec(torch.bfloat16), tag=3, **kw)
+        ch.send(make_record(50, 6))
+        ch.send(make_record(51, 0))
+        ch.fail("target crashed")
+        phase("error")
+        with FanOutChannel.connect([1], spec(), tag=4, **kw) as fan:
+            for k in range(3):
+                fan.send(make_record(k, LENGTHS[k]))
+        phase("fan")
+        return out
+
+    try:
+        P2PChannel(0, "consumer", spec(credits=4), tag=0, **kw)
+    except ChannelMismatch:
+        phase("mismatch")
+    ch = P2PChannel(0, "consumer", spec(), tag=1, **kw)
+    ids, bad, pending = [], [], []
+    while (r := ch.recv()) is not None:
+        time.sleep(0.01)  # slower than the producer, so its credits run out
+        pending.append(log.pending())  # every payload receive is done when recv() returns
+        if not same_record(r, make_record(r.sample_id, LENGTHS[r.sample_id]), torch.float32):
+            bad.append(r.sample_id)
+        ids.append(r.sample_id)
+    out.update(ids=ids, bad=bad, pending_after_recv=pending, stats=ch.stats().as_dict())
+    ch.close()
+    phase("records")
+    ch = P2PChannel(0, "consumer", spec(), tag=2, **kw)
+    early = [ch.recv() for _ in range(5)]
+    out["early_ok"] = [r.sample_id for r in early] == list(range(5)) and all(
+        same_record(r, make_record(r.sample_id, 4), torch.float32) for r in early
+    )
+    ch.close()
+    phase("stop")
+    ch = P2PChannel(0, "consumer", spec(torch.bfloat16), tag=3, **kw)
+    a, b = ch.recv(), ch.recv()
+    out["bf16_ok"] = same_record(a, make_record(50, 6), torch.bfloat16) and same_record(
+        b, make_record(51, 0), torch.bfloat16
+    )
+    try:
+        ch.recv()
+    except ProducerError as e:
+        out["error"] = str(e)
+    phase("error")
+    with FanInChannel.connect([0], spec(), tag=4, **kw) as fan:
+        got = list(iter(fan.recv, None))
+    out["fan_ok"] = [r.sample_id for r in got] == [0, 1, 2] and all(
+        same_record(r, make_record(r.sample_id, LENGTHS[r.sample_id]), torch.float32) for r in got
+    )
+    phase("fan")
+    return out
+
+
+def _hdr(op: str) -> tuple:
+    """A header (or HELLO) call: control group, int64 (16,)."""
+    return ("control", op, "int64", 16, None)
+
+
+def _probe(op: str) -> tuple:
+    return ("payload", op, "int64", 1, None)
+
+
+
+def _payload_calls(op: str, t: int, dt: str = "float32") -> list[tuple]:
+    """The payload-group calls of one record of t tokens, in order (none for t=0)."""
+    shapes = [("int64", t), ("uint8", t), (dt, t * M * D), (dt, t * D)]
+    return [("payload", op, d, n, None) for d, n in shapes] if t else []
+
+
+def _without_credits(calls: list[tuple]) -> list[tuple]:
+    """Drop the credit traffic (one int64 on the control group), which interleaves by timing."""
+    return [c for c in calls if not (c[0] == "control" and c[2:4] == ("int64", 1))]
+
+
+def test_p2p_control_on_one_group_payloads_on_another() -> None:
+    res = run_ranks(_planes_ranks, 2)
+    prod, cons = res[0], res[1]
+    for end in (prod, cons):
+        # No call on any other group; every payload call waited for once its phase ends.
+        calls = [c for k, v in end.items() if k.endswith("_calls") for c in v]
+        assert {c[0] for c in calls} == {"control", "payload"}
+        assert all(end[k] == 0 for k in end if k.endswith("_pending"))
+    # Ends that disagree both refuse after the HELLO, before anything on the payload group.
+    assert {c[0] for c in prod["mismatch_calls"] + cons["mismatch_calls"]} == {"control"}
+
+    # Records round-trip exactly, in order, on a slow consumer, each receive complete on return.
+    assert cons["ids"] == list(range(len(LENGTHS))) and cons["bad"] == []
+    assert cons["pending_after_recv"] == [0] * len(LENGTHS)
+    assert prod["stats"]["records"] == cons["stats"]["records"] == len(LENGTHS)
+    assert prod["stats"]["bytes"] == cons["stats"]["bytes"] and prod["stats"]["max_in_flight"] == 3
+    # Producer: HELLO on control, the probe on the payload group, then each header on control
+    # followed at once by that record's payload sends; END's header last.
+    want = [_hdr("recv"), _hdr("isend"), _probe("isend")]
+    want += [c for t in LENGTHS for c in [_hdr("isend"), *_payload_calls("isend", t)]] + [_hdr("isend")]
+    assert _without_credits(prod["records_calls"]) == want
+    # Consumer: each payload receive is posted only after its header has arrived (a blocking recv).
+    want = [_hdr("isend"), _hdr("recv"), _probe("irecv")]
+    want += [c for t in LENGTHS for c in [_hdr("recv"), *_payload_calls("irecv", t)]] + [_hdr("recv")]
+    assert _without_credits(cons["records_calls"]) == want
+    # Credits: one per message on the control group, and the producer posts its receives there.
+    credits = [c for c in cons["records_calls"] if c[2:4] == ("int64", 1) and c[0] == "control"]
+    assert credits == [("control", "isend", "int64", 1, 1)] * (len(LENGTHS) + 1)
+    assert all(c[0] == "control" for c in prod["records_calls"] if c[1] == "irecv")
+
+    # Early stop: the stop goes on the control group; both ends shut down cleanly.
+    assert cons["early_ok"] and 5 <= prod["stopped_after"] <= 5 + 3 + 1
+    assert ("control", "isend", "int64", 1, -1) in cons["stop_calls"]
+
+    # ERROR's text is control traffic; the bf16 record's payload alone is on the payload group.
+    assert cons["bf16_ok"] and "producer rank 0 failed: target crashed" in cons["error"]
+    text = ("control", "isend", "uint8", len("target crashed"), None)
+    assert text in prod["error_calls"]
+    payload = [c for c in prod["error_calls"] if c[0] == "payload"]
+    assert payload == [_probe("isend"), *_payload_calls("isend", 6, "bfloat16")]
+
+    # FanIn/FanOut pass both groups on.
+    assert cons["fan_ok"] and any(c[0] == "payload" for c in prod["fan_calls"])

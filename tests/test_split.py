@@ -192,16 +192,31 @@ def test_time_budget_ends_the_split_job_cleanly(tiny_smol_dir, tmp_path):
     assert "[split] target rank 0: produced" in proc.stdout + proc.stderr
 
 
-def test_transport_choice_refuses_nccl_and_defaults_to_host_staged_gloo(monkeypatch):
+def test_transport_choice_defaults_to_host_staged_gloo_and_nccl_needs_a_gpu_per_rank(monkeypatch):
+    from splitserve.split import runner
     from splitserve.split.runner import Placement
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    for transport in ("auto", "gloo"):
-        place = Placement.from_env(transport)
-        assert (place.rank, place.backend, place.channel_device.type) == (1, "gloo", "cpu")
-    with pytest.raises(RuntimeError, match="split.transport=nccl is disabled.*gloo"):
-        Placement.from_env("nccl")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for gpus in (0, 2):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda n=gpus: n)
+        for transport in ("auto", "gloo"):
+            place = Placement.from_env(transport)
+            got = (place.rank, place.backend, place.channel_backend, place.channel_device.type)
+            assert got == (1, "gloo", "gloo", "cpu")
+            assert place.device.type == ("cuda" if gpus else "cpu")
+    # nccl: payloads on this rank's own GPU, the default group still gloo (control traffic).
+    place = Placement.from_env("nccl")
+    assert (place.backend, place.channel_backend, place.channel_device) == ("gloo", "nccl", torch.device("cuda", 1))
+    assert place.device == place.channel_device
+    kw = runner._channel_kw(place, payload_group="nccl group")  # type: ignore[arg-type]
+    assert kw["group"] == "nccl group" and kw["device"] == place.channel_device and "control_group" in kw
+    assert runner._channel_kw(Placement.from_env("gloo"), None) == {"device": torch.device("cpu")}
+    for gpus in (0, 1):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda n=gpus: n)
+        with pytest.raises(RuntimeError, match="needs a GPU per rank.*split.transport=gloo"):
+            Placement.from_env("nccl")
     with pytest.raises(ValueError, match="auto, gloo or nccl"):
         Placement.from_env("ncl")

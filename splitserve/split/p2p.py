@@ -1,10 +1,12 @@
 """torch.distributed channels: one producer to one consumer (`P2PChannel`), and the fan-in
-and fan-out helpers that pair several of them. Works on gloo (CPU) and NCCL (GPU)."""
+and fan-out helpers that pair several of them. Works on gloo (CPU), and with record payloads on
+NCCL (GPU) while its control traffic stays on gloo."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields, replace
 from time import perf_counter
 from types import TracebackType
@@ -25,6 +27,7 @@ from splitserve.split.channel import (
 from splitserve.split.wire import (
     HEADER_LEN,
     HEADER_NBYTES,
+    MAGIC,
     Header,
     Kind,
     WireError,
@@ -38,30 +41,51 @@ from splitserve.split.wire import (
 
 # Tag offsets inside one channel. Each direction has a fixed message order, so the tags are a
 # second guard (gloo matches on them; NCCL ignores them and relies on the order alone).
-_TAG_HEADER, _TAG_PAYLOAD, _TAG_CREDIT = 0, 1, 7
+# Header, credit: control group. Payload k (0..3), probe: payload group (an ERROR's text: control).
+_TAG_HEADER, _TAG_PAYLOAD, _TAG_PROBE, _TAG_CREDIT = 0, 1, 5, 7
 
 
 _TAGS_PER_CHANNEL = 8
 _STOP = -1  # credit value meaning "the consumer wants no more records"
+_CPU = torch.device("cpu")  # every control message lives here, whatever the payloads' device
 
 
 @dataclass
 class _InFlight:
     """A sent message's pending calls, and the tensors they read, kept alive until acknowledged."""
 
-    works: list[dist.Work]
+    host: list[dist.Work]  # calls on CPU tensors (always the header): done once waited for
+    gpu: list[dist.Work]  # a record's payload calls on a GPU: done once settled (see _settle)
     tensors: list[torch.Tensor]
+
+
+def _resolve(group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+    """None means the default group; named, so that two groups can be told apart by identity."""
+    return group if group is not None else dist.group.WORLD
 
 
 class P2PChannel:
     """One producer rank and one consumer rank over torch.distributed point-to-point calls.
 
-    Works with gloo (CPU tensors) and NCCL (CUDA tensors): every tensor it sends or receives
-    lives on `device`, and received records are returned on it. `peer` is the other end's
-    global rank; `group` is the process group (None: the default one). Both ends must be
-    built with equal `spec` and `tag`; the constructor exchanges a HELLO and raises
-    `ChannelMismatch` (or `WireVersionError`) on both ends if they differ. Several channels
-    between the same two ranks need different `tag`s.
+    `peer` is the other end's global rank. Both ends must be built with equal `spec` and `tag`;
+    the constructor exchanges a HELLO and raises `ChannelMismatch` (or `WireVersionError`) on
+    both ends if they differ. Several channels between the same two ranks need different `tag`s
+    (and, with payloads on NCCL, which ignores tags, must not be used at the same time).
+
+    Two planes. Control traffic (the HELLO exchange, every header, credits and stop, END, and
+    ERROR with its text) is CPU tensors on `control_group`; only a record's payload tensors go
+    on `group`, on `device`, and received records are returned on `device`.
+      * gloo alone: `device` is the CPU and `control_group` defaults to `group` (None: the
+        default group), one group for everything.
+      * NCCL: `group` is an NCCL group, `device` this rank's GPU, and `control_group` (then
+        required) a gloo group holding both ranks. A payload receive is posted only once its
+        header has arrived over gloo, and is complete on the GPU before recv() returns; the
+        producer issues a record's payload sends right after its header. So no NCCL call of the
+        channel waits on anything but the other end's matching call, which that end reaches
+        next, and none is left pending across the channel's end.
+    With two planes the constructor also passes one int64 over `group`, each end waiting for
+    it: under NCCL this opens the pair's communicator while both ends are in the constructor,
+    not in the middle of the stream, and a wrong payload group fails here.
 
     Messages, producer -> consumer: HELLO, then per record a header and its payload (see
     `wire`), and finally END or ERROR. Consumer -> producer: HELLO, then one int64 per message
@@ -71,16 +95,21 @@ class P2PChannel:
 
     Producer: `send`, then `close()` (END) or `fail(message)` (ERROR). A producer's in-flight
     records are held by reference until their credit returns; do not change them in place.
+    A record's payload sends are waited for, until done on the GPU too, when its credit comes
+    back rather than in send(): the producer computes its next record while this one moves,
+    and a returned credit means the consumer already holds the data, so that wait is short.
+    Every one is done by the time close() or fail() returns, so a collective after them never
+    runs beside a pending payload send.
     Consumer: `recv` until None; `close()` before that asks the producer to stop and discards
-    what it still sends until its END, so both ends can shut down cleanly.
+    what it still sends until its END, so both ends can shut down cleanly. On a GPU, a record
+    recv() returns is ready on the calling thread's current stream.
 
     Transport notes. gloo never reports a pending call as complete before it is waited on, so
     there a producer takes its returned credits only once it has none left: max_in_flight
     then reads `credits` as soon as that many records were sent, whatever the consumer's
     speed, while send_wait_s (near zero when the credits were already back) is the real
-    measure of back-pressure. The tiny credit messages must be able to complete while the
-    producer is still sending: gloo runs each call on its own; NCCL queues a pair's calls on
-    one stream and relies on small sends finishing into the peer's buffer. Not yet run on NCCL.
+    measure of back-pressure. Credits travel on the control group, so with NCCL payloads they
+    are never queued behind a payload on the pair's NCCL stream.
     """
 
     def __init__(
@@ -90,48 +119,55 @@ class P2PChannel:
         spec: ChannelSpec,
         *,
         group: dist.ProcessGroup | None = None,
+        control_group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
         tag: int = 0,
     ) -> None:
         if role not in ("producer", "consumer"):
             raise ValueError(f"role must be 'producer' or 'consumer', got {role!r}")
-        self.peer, self.role, self.spec, self.group = peer, role, spec, group
         self.device = torch.device(device)
+        if self.device.type != "cpu" and control_group is None:
+            raise ValueError(
+                f"a channel with payloads on {self.device} needs a control_group: a gloo group holding "
+                f"this rank and rank {peer}, for its headers and credits (with every message on NCCL, "
+                "the channel hung on two H200s)"
+            )
+        self.peer, self.role, self.spec = peer, role, spec
+        self.group = _resolve(group)
+        self.control_group = self.group if control_group is None else _resolve(control_group)
+        # Payloads on a GPU: the channel's own stream, so waiting for its NCCL calls never
+        # waits for the caller's work on the current stream (see _settle).
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._tag0 = tag * _TAGS_PER_CHANNEL
         self._stats = ChannelStats()
         self._ended = False  # producer: END/ERROR sent; consumer: END/ERROR received
         self._handshake()
+        if self.control_group is not self.group or self.device.type != "cpu":
+            self._probe_payload_group()
         if role == "producer":
             self._available = spec.credits
             self._pending: deque[_InFlight] = deque()  # one per message sent, oldest first
             self._stopped = False
-            self._credit = torch.zeros(1, dtype=torch.int64, device=self.device)
+            self._credit = torch.zeros(1, dtype=torch.int64)
             self._credit_work: dist.Work | None = None
             self._post_credit_recv()
         else:
             self._acks: deque[tuple[dist.Work, torch.Tensor]] = deque()
             self._stop_sent = False
-            # One receive buffer for the channel's lifetime; records are copied out of it.
-            n = spec.max_tokens
-            self._header = torch.zeros(HEADER_LEN, dtype=torch.int64, device=self.device)
-            self._ids = torch.empty(n, dtype=torch.int64, device=self.device)  # (max_tokens,)
-            self._mask = torch.empty(n, dtype=torch.uint8, device=self.device)  # (max_tokens,)
-            dt = spec.dtype
-            self._aux = torch.empty(n, spec.aux_dim, dtype=dt, device=self.device)  # (max_tokens, m*D)
-            self._final = torch.empty(n, spec.hidden, dtype=dt, device=self.device)  # (max_tokens, D)
+            self._header = torch.zeros(HEADER_LEN, dtype=torch.int64)  # reused for every message
 
     # ---- both ends -----------------------------------------------------------------------
 
     def _handshake(self) -> None:
-        mine = self.spec.hello().to_tensor(self.device)
+        mine = self.spec.hello().to_tensor(_CPU)
         theirs = torch.zeros_like(mine)
         # Opposite orders on the two ends, so neither waits on a send the other has not reached.
         if self.role == "consumer":
-            self._isend(mine, _TAG_HEADER).wait()
-            self._recv(theirs, _TAG_HEADER)
+            self._isend(mine, _TAG_HEADER, self.control_group).wait()
+            self._recv(theirs, _TAG_HEADER, self.control_group)
         else:
-            self._recv(theirs, _TAG_HEADER)
-            self._isend(mine, _TAG_HEADER).wait()
+            self._recv(theirs, _TAG_HEADER, self.control_group)
+            self._isend(mine, _TAG_HEADER, self.control_group).wait()
         # Decoded only after both sent, so a version mismatch raises on both ends, not one.
         other = ChannelSpec.from_hello(Header.from_tensor(theirs))
         if other != self.spec:
@@ -143,11 +179,43 @@ class P2PChannel:
             ]
             raise ChannelMismatch("channel ends disagree: " + "; ".join(diffs))
 
-    def _isend(self, t: torch.Tensor, tag: int) -> dist.Work:
-        return dist.isend(t, dst=self.peer, group=self.group, tag=self._tag0 + tag)
+    def _probe_payload_group(self) -> None:
+        """One int64 (MAGIC) from producer to consumer over the payload group, complete on both
+        ends before the constructor returns."""
+        with self._on_stream(self.device):
+            t = torch.full((1,), MAGIC if self.role == "producer" else 0, dtype=torch.int64, device=self.device)
+            op = self._isend if self.role == "producer" else self._irecv
+            work = op(t, _TAG_PROBE, self.group)
+        self._settle([work], self.device)
+        if self.role == "consumer" and int(t.item()) != MAGIC:
+            raise WireError(f"the payload group's first message from rank {self.peer} was not this channel's")
 
-    def _recv(self, t: torch.Tensor, tag: int) -> None:
-        dist.recv(t, src=self.peer, group=self.group, tag=self._tag0 + tag)
+    def _isend(self, t: torch.Tensor, tag: int, group: dist.ProcessGroup) -> dist.Work:
+        return dist.isend(t, dst=self.peer, group=group, tag=self._tag0 + tag)
+
+    def _irecv(self, t: torch.Tensor, tag: int, group: dist.ProcessGroup) -> dist.Work:
+        return dist.irecv(t, src=self.peer, group=group, tag=self._tag0 + tag)
+
+    def _recv(self, t: torch.Tensor, tag: int, group: dist.ProcessGroup) -> None:
+        dist.recv(t, src=self.peer, group=group, tag=self._tag0 + tag)
+
+    def _route(self, kind: Kind) -> tuple[dist.ProcessGroup, torch.device]:
+        """(group, device) of a message's payload: a record's data plane, else control."""
+        return (self.group, self.device) if kind == Kind.RECORD else (self.control_group, _CPU)
+
+    def _on_stream(self, device: torch.device) -> AbstractContextManager:
+        """The channel's own stream for calls on a GPU; nothing to switch for the CPU."""
+        return torch.cuda.stream(self._stream) if device.type == "cuda" else nullcontext()
+
+    def _settle(self, works: list[dist.Work], device: torch.device) -> None:
+        """Block until these calls are done, on the GPU too, and wait for nothing else."""
+        if not works:
+            return
+        with self._on_stream(device):
+            for w in works:
+                w.wait()  # NCCL: only makes the current (the channel's) stream wait for the call
+        if device.type == "cuda":
+            self._stream.synchronize()  # holds nothing but those waits
 
     def stats(self) -> ChannelStats:
         return replace(self._stats)
@@ -203,7 +271,7 @@ class P2PChannel:
     def fail(self, message: str) -> None:
         """End the stream with an error the consumer's recv() raises as ProducerError."""
         self._require("producer", "fail()")
-        self._finish(*error_payload(message, self.device))
+        self._finish(*error_payload(message, _CPU))  # control traffic, like END
 
     def _finish(self, header: Header, payload: list[torch.Tensor]) -> None:
         if self._ended:
@@ -218,19 +286,27 @@ class P2PChannel:
             self._take_credit(block=True)
 
     def _post(self, header: Header, payload: list[torch.Tensor]) -> None:
-        hdr = header.to_tensor(self.device)
-        works = [self._isend(hdr, _TAG_HEADER)]
-        for k, p in enumerate(payload):
-            if p.numel():  # an empty tensor is skipped on both ends (e.g. a T=0 record)
-                works.append(self._isend(p, _TAG_PAYLOAD + k))
-        self._pending.append(_InFlight(works, [hdr, *payload]))
+        """The header on the control group, then at once the payload on its own plane (a
+        record's on the payload group, from the current stream, which produced it)."""
+        hdr = header.to_tensor(_CPU)
+        host = [self._isend(hdr, _TAG_HEADER, self.control_group)]
+        group, device = self._route(header.kind)
+        # An empty tensor is skipped on both ends (e.g. a T=0 record).
+        sends = [self._isend(p, _TAG_PAYLOAD + k, group) for k, p in enumerate(payload) if p.numel()]
+        on_gpu = device.type == "cuda"
+        self._pending.append(_InFlight(host if on_gpu else host + sends, sends if on_gpu else [], [hdr, *payload]))
         self._available -= 1
         self._stats.max_in_flight = max(self._stats.max_in_flight, self.in_flight)
 
     def _post_credit_recv(self) -> None:
-        self._credit_work = dist.irecv(
-            self._credit, src=self.peer, group=self.group, tag=self._tag0 + _TAG_CREDIT
-        )
+        self._credit_work = self._irecv(self._credit, _TAG_CREDIT, self.control_group)
+
+    def _complete(self, msg: _InFlight) -> None:
+        """The consumer got this message, so its sends are done or finishing: wait for all of
+        them (a record's payload until done on the GPU), which releases its tensors."""
+        for w in msg.host:
+            w.wait()
+        self._settle(msg.gpu, self.device)
 
     def _take_credit(self, block: bool) -> bool:
         """Handle one message from the consumer if one is there (or wait for it if `block`)."""
@@ -248,9 +324,7 @@ class P2PChannel:
             self._stopped = True
         else:
             for _ in range(value):
-                # The consumer got this message, so its sends are done: release its tensors.
-                for w in self._pending.popleft().works:
-                    w.wait()
+                self._complete(self._pending.popleft())
             self._available += value
         # Once ended and every credit is back, the consumer will send nothing more.
         if not (self._ended and self._available == self.spec.credits):
@@ -286,22 +360,17 @@ class P2PChannel:
 
     def _recv_message(self) -> tuple[Kind, HiddenRecord | str | None]:
         t0 = perf_counter()
-        self._recv(self._header, _TAG_HEADER)
-        header = Header.from_tensor(self._header)  # reading it waits for it, also on a GPU
+        self._recv(self._header, _TAG_HEADER, self.control_group)
+        header = Header.from_tensor(self._header)
         self._stats.recv_wait_s += perf_counter() - t0
         result: HiddenRecord | str | None = None
         if header.kind == Kind.RECORD:
             self._check_header(header)
-            t = header.num_tokens
-            views = [self._ids[:t], self._mask[:t], self._aux[:t], self._final[:t]]
-            self._recv_payload(views)
-            result = decode(header, views, copy=True)  # copied out: the buffer is reused
+            result = decode(header, self._recv_payload(header))
             self._stats.records += 1
             self._stats.bytes += HEADER_NBYTES + payload_nbytes(header)
         elif header.kind == Kind.ERROR:
-            buf = [torch.empty(s, dtype=d, device=self.device) for s, d in payload_shapes(header)]
-            self._recv_payload(buf)
-            result = error_message(buf)
+            result = error_message(self._recv_payload(header))
         elif header.kind != Kind.END:
             raise WireError(f"unexpected {header.kind.name} message from producer rank {self.peer}")
         self._ack(1)
@@ -311,10 +380,19 @@ class P2PChannel:
                 self._acks.popleft()[0].wait()
         return header.kind, result
 
-    def _recv_payload(self, tensors: list[torch.Tensor]) -> None:
-        for k, p in enumerate(tensors):
-            if p.numel():
-                self._recv(p, _TAG_PAYLOAD + k)
+    def _recv_payload(self, header: Header) -> list[torch.Tensor]:
+        """The payload its header announces, received into fresh tensors (the caller keeps
+        them), each receive posted only now and done before this returns."""
+        group, device = self._route(header.kind)
+        with self._on_stream(device):
+            bufs = [torch.empty(shape, dtype=dt, device=device) for shape, dt in payload_shapes(header)]
+            works = [self._irecv(p, _TAG_PAYLOAD + k, group) for k, p in enumerate(bufs) if p.numel()]
+        self._settle(works, device)
+        if device.type == "cuda":
+            # Allocated on the channel's stream, used on the caller's: freeing one waits for that.
+            for p in bufs:
+                p.record_stream(torch.cuda.current_stream(device))
+        return bufs
 
     def _check_header(self, header: Header) -> None:
         s = self.spec
@@ -327,8 +405,8 @@ class P2PChannel:
             raise WireError(f"producer rank {self.peer} sent {header}, outside this channel's {s}")
 
     def _ack(self, value: int) -> None:
-        t = torch.tensor([value], dtype=torch.int64, device=self.device)
-        self._acks.append((self._isend(t, _TAG_CREDIT), t))
+        t = torch.tensor([value], dtype=torch.int64)
+        self._acks.append((self._isend(t, _TAG_CREDIT, self.control_group), t))
         # At most credits (+1 stop) acks can be unread by the producer, so an older one is
         # already done: waiting on it frees it without blocking and bounds this queue.
         while self._acks and (len(self._acks) > self.spec.credits + 1 or self._acks[0][0].is_completed()):
@@ -364,10 +442,13 @@ class FanInChannel:
         spec: ChannelSpec,
         *,
         group: dist.ProcessGroup | None = None,
+        control_group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
         tag: int = 0,
     ) -> FanInChannel:
-        return cls(_connect(producers, "consumer", spec, group=group, device=device, tag=tag))
+        """One P2PChannel per peer, arguments as there."""
+        kw = dict(group=group, control_group=control_group, device=device, tag=tag)
+        return cls(_connect(producers, "consumer", spec, **kw))
 
     def send(self, record: HiddenRecord) -> None:
         raise RuntimeError("FanInChannel only receives")
@@ -432,10 +513,13 @@ class FanOutChannel:
         spec: ChannelSpec,
         *,
         group: dist.ProcessGroup | None = None,
+        control_group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
         tag: int = 0,
     ) -> FanOutChannel:
-        return cls(_connect(consumers, "producer", spec, group=group, device=device, tag=tag))
+        """One P2PChannel per peer, arguments as there."""
+        kw = dict(group=group, control_group=control_group, device=device, tag=tag)
+        return cls(_connect(consumers, "producer", spec, **kw))
 
     def send(self, record: HiddenRecord) -> None:
         self.channels[self._sent % len(self.channels)].send(record)

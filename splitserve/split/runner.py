@@ -44,34 +44,54 @@ class Placement:
     world_size: int
     local_rank: int
     device: torch.device  # model device
-    backend: str  # default process group: gloo (from_env refuses nccl for now)
-    channel_device: torch.device  # where channel buffers live: host memory under gloo
+    backend: str  # default process group: always gloo (broadcasts, barrier, channel control traffic)
+    channel_backend: str  # record payloads: gloo (host-staged) | nccl (GPU to GPU)
+    channel_device: torch.device  # where payloads live: host memory under gloo, this rank's GPU under nccl
 
     @classmethod
     def from_env(cls, transport: str) -> Placement:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         n_gpu = torch.cuda.device_count()
-        if transport == "nccl":
-            raise RuntimeError(
-                "split.transport=nccl is disabled: in its first two-GPU run (bench/split_gpu.py copy "
-                "--backend nccl, two H200s) the channel hung, both ranks stuck in the first collective after "
-                "it opened, while the producer's credit receive was posted on another NCCL communicator. "
-                "Use split.transport=gloo (or auto), host-staged: 1.28 GB/s between two H200s "
-                "(docs/split-training.md)."
-            )
-        if transport not in ("auto", "gloo"):
+        cpu = torch.device("cpu")
+        if transport not in ("auto", "gloo", "nccl"):
             raise ValueError(f"split.transport must be auto, gloo or nccl, got {transport!r}")
+        if transport == "nccl":
+            if n_gpu < local_world:
+                raise RuntimeError(
+                    f"split.transport=nccl needs a GPU per rank: {local_world} ranks on this node, {n_gpu} "
+                    "GPU(s). Use split.transport=gloo (host-staged) to share GPUs or run without them."
+                )
+            # Payloads GPU to GPU; the channels' headers and credits stay on the default gloo group.
+            device = torch.device("cuda", local_rank)
+            return cls(rank, world, local_rank, device, "gloo", "nccl", device)
         if n_gpu == 0:
-            return cls(rank, world, local_rank, torch.device("cpu"), "gloo", torch.device("cpu"))
+            return cls(rank, world, local_rank, cpu, "gloo", "gloo", cpu)
         # Every rank computes on a GPU (its own when there are enough, else shared); records are
-        # staged through host memory over gloo (see the error above for NCCL).
+        # staged through host memory over gloo. auto keeps to that until split.transport=nccl
+        # has been measured on GPUs (docs/split-training.md).
         device = torch.device("cuda", local_rank % n_gpu)
-        return cls(rank, world, local_rank, device, "gloo", torch.device("cpu"))
+        return cls(rank, world, local_rank, device, "gloo", "gloo", cpu)
 
 
-def _broadcast_ints(values: list[int], src: int, place: Placement) -> list[int]:
-    t = torch.tensor(values, dtype=torch.int64, device=place.channel_device)
+NCCL_EXPERIMENTAL = (
+    "[split] split.transport=nccl is experimental: record payloads go GPU to GPU over NCCL, headers and "
+    "credits over gloo. On two H200s it moved 99 GB/s (gloo: 1.5) and an 8-step split run matched gloo's "
+    "losses exactly; no long training run has used it yet (docs/split-training.md)"
+)
+
+
+def _channel_kw(place: Placement, payload_group: dist.ProcessGroup | None) -> dict:
+    """How this rank's channels are built: everything on the default (gloo) group, or payloads on
+    `payload_group` (NCCL) with the default group carrying the control traffic."""
+    if payload_group is None:
+        return {"device": place.channel_device}
+    return {"group": payload_group, "control_group": dist.group.WORLD, "device": place.channel_device}
+
+
+def _broadcast_ints(values: list[int], src: int) -> list[int]:
+    t = torch.tensor(values, dtype=torch.int64)  # the default group is gloo: host memory
     dist.broadcast(t, src=src)
     return [int(v) for v in t.tolist()]
 
@@ -117,7 +137,9 @@ def run_split(cfg: RunConfig) -> None:
     ).start()
     if place.rank == 0:
         print(f"[split] {roles.describe()}: target ranks {list(roles.target_ranks)}, draft ranks "
-              f"{list(roles.draft_ranks)}; {place.backend} transport, channel on {place.channel_device.type}")
+              f"{list(roles.draft_ranks)}; {place.channel_backend} transport, channel on {place.channel_device.type}")
+        if place.channel_backend == "nccl":
+            print(NCCL_EXPERIMENTAL, flush=True)
     try:
         # Every rank takes part in creating every group, in the same order. The draft ranks
         # reduce gradients over NCCL whenever each has a GPU of its own, even when the target
@@ -126,20 +148,25 @@ def run_split(cfg: RunConfig) -> None:
         own_gpus = place.device.type == "cuda" and gpus >= len(roles.draft_ranks)
         draft_backend = "nccl" if own_gpus else "gloo"
         draft_group = dist.new_group(list(roles.draft_ranks), backend=draft_backend)
+        # NCCL payloads: one group of every rank (each pair gets its own communicator, which the
+        # channel opens at connect); control traffic stays on the default gloo group.
+        payload_group = dist.new_group(backend="nccl") if place.channel_backend == "nccl" else None
+        chan_kw = _channel_kw(place, payload_group)
         own_group = None
         if cfg.train.backend == "deepspeed":
             from splitserve.train.backends import singleton_groups
 
             own_group = singleton_groups(draft_backend)
         start, finished = _read_start(cfg) if place.rank == roles.draft_ranks[0] else (0, 0)
-        start, finished = _broadcast_ints([start, finished], roles.draft_ranks[0], place)
+        start, finished = _broadcast_ints([start, finished], roles.draft_ranks[0])
         cfg = replace(cfg, train=replace(cfg.train, device=str(place.device)),
                       target=replace(cfg.target, device=str(place.device)))
         if roles.role_of(place.rank) == "target":
-            _target_rank(cfg, roles, place, watchdog, start, finished)
+            _target_rank(cfg, roles, place, watchdog, chan_kw, start, finished)
         else:
             reduce_device = place.device if draft_backend == "nccl" else torch.device("cpu")
-            _draft_rank(cfg, roles, place, watchdog, draft_group, own_group, reduce_device, start, finished)
+            _draft_rank(cfg, roles, place, watchdog, chan_kw, draft_group, own_group, reduce_device, start,
+                        finished)
         dist.barrier()  # nobody leaves (taking the store with it) while a peer still evaluates
         watchdog.stop()
     except BaseException as exc:
@@ -151,7 +178,7 @@ def run_split(cfg: RunConfig) -> None:
 
 
 def _target_rank(
-    cfg: RunConfig, roles: Roles, place: Placement, watchdog: Watchdog, start: int, finished: int
+    cfg: RunConfig, roles: Roles, place: Placement, watchdog: Watchdog, chan_kw: dict, start: int, finished: int
 ) -> None:
     from splitserve.target import load_target
     from splitserve.train.loop import build_source
@@ -159,9 +186,9 @@ def _target_rank(
     t_index = roles.target_ranks.index(place.rank)
     target = load_target(cfg.target, place.device)
     source = build_source(cfg, target, quiet=t_index != 0, store_dtype=WIRE_DTYPES[cfg.split.wire_dtype])
-    n = _broadcast_ints([source.num_samples], roles.target_ranks[0], place)[0]
+    n = _broadcast_ints([source.num_samples], roles.target_ranks[0])[0]
     spec = _spec(cfg, target.info)
-    fan = FanOutChannel.connect(list(roles.draft_ranks), spec, device=place.channel_device)
+    fan = FanOutChannel.connect(list(roles.draft_ranks), spec, **chan_kw)
     order = DataOrder(n, cfg.train.batch_size, cfg.train.seed)
     routing = Routing(order, len(roles.target_ranks), len(roles.draft_ranks))
     counters = ProducerCounters()
@@ -173,7 +200,9 @@ def _target_rank(
             tc = time.perf_counter()
             record = source.get([sample])[0]
             if place.device.type == "cuda":
-                torch.cuda.synchronize(place.device)
+                # The capture's stream only: a whole-device synchronize would also wait for this
+                # rank's NCCL payload sends in flight, i.e. for their consumers to post receives.
+                torch.cuda.current_stream(place.device).synchronize()
             counters.capture_s += time.perf_counter() - tc
             fan.channels[j].send(record)
             counters.samples += 1
@@ -204,7 +233,7 @@ def _publish(watchdog: Watchdog, fan: FanOutChannel, counters: ProducerCounters,
     watchdog.publish(counters.as_dict())
 
 
-def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, draft_group, own_group,
+def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, chan_kw: dict, draft_group, own_group,
                 reduce_device: torch.device, start: int, finished: int) -> None:
     from splitserve.target.hf import load_hf_target
     from splitserve.train.heldout import evaluate_run
@@ -223,13 +252,13 @@ def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, draft_g
     # of it while training, so the target stays in host memory: an 8B target would otherwise
     # take ~16 GB of every draft rank's GPU. Rank 0 moves it over for the held-out evaluation.
     target = load_hf_target(cfg.target, torch.device("cpu"))
-    n = _broadcast_ints([0], roles.target_ranks[0], place)[0]
+    n = _broadcast_ints([0], roles.target_ranks[0])[0]
     spec = _spec(cfg, target.info)
     n_t = len(roles.target_ranks)
     routing = Routing(DataOrder(n, cfg.train.batch_size, cfg.train.seed), n_t, len(roles.draft_ranks))
     first = routing.first_producer(start)
     producers = [roles.target_ranks[(first + i) % n_t] for i in range(n_t)]
-    fan = FanInChannel.connect(producers, spec, device=place.channel_device)
+    fan = FanInChannel.connect(producers, spec, **chan_kw)
     source = ChannelSource(fan, n, prefetch=cfg.split.prefetch)
     window = RateWindow(n_draft=part.size, n_target=n_t)
     t_train = time.perf_counter()
