@@ -96,3 +96,22 @@ def test_packed_training_forward_equals_inference_round():
                 tokens, _, _ = draft.draft(ctx, ids[0, a], a)
                 prev = torch.cat([ids[0, a : a + 1], tokens[:-1]])
                 assert torch.equal(draft.logits(h_inf, prev).argmax(-1), tokens)
+
+
+def test_collate_right_pads_records_into_one_batch():
+    from splitserve.records import HiddenRecord
+    from splitserve.train.step import collate
+
+    g = torch.Generator().manual_seed(0)
+    recs = [HiddenRecord(i, torch.randint(0, 90, (n,), generator=g), torch.rand(n, generator=g) < 0.5,
+                         torch.randn(n, 6, generator=g), torch.randn(n, 3, generator=g)) for i, n in enumerate((3, 5))]
+    batch = collate(recs, torch.device("cpu"), torch.bfloat16)
+    assert batch.input_ids.shape == (2, 5) and batch.aux.shape == (2, 5, 6) and batch.final.dtype == torch.bfloat16
+    assert batch.lengths.tolist() == [3, 5]
+    for i, r in enumerate(recs):
+        n = r.num_tokens
+        assert torch.equal(batch.input_ids[i, :n], r.input_ids) and torch.equal(batch.loss_mask[i, :n], r.loss_mask)
+        assert torch.equal(batch.aux[i, :n], r.aux.to(torch.bfloat16))
+        assert torch.equal(batch.final[i, :n], r.final.to(torch.bfloat16))
+    # padding: no label, no token, zero features
+    assert not batch.loss_mask[0, 3:].any() and not batch.input_ids[0, 3:].any() and not batch.aux[0, 3:].any()

@@ -33,13 +33,20 @@ class Batch:
 
 
 def collate(records: list[HiddenRecord], device: torch.device, dtype: torch.dtype) -> Batch:
-    """Right-pad a list of records into one batch on `device`."""
+    """Right-pad a list of records into one batch on `device`.
+
+    The batch is assembled where the records are when they all share a device (records that
+    came over NCCL are already on the GPU: no round trip through host memory), else on the host.
+    """
     b, t = len(records), max(r.num_tokens for r in records)
     aux_dim, d = records[0].aux.shape[-1], records[0].final.shape[-1]
-    ids = torch.zeros(b, t, dtype=torch.long)
-    mask = torch.zeros(b, t, dtype=torch.bool)
-    aux = torch.zeros(b, t, aux_dim, dtype=dtype)
-    final = torch.zeros(b, t, d, dtype=dtype)
+    home = records[0].aux.device
+    if any(r.aux.device != home for r in records):
+        home = torch.device("cpu")
+    ids = torch.zeros(b, t, dtype=torch.long, device=home)  # (B, T)
+    mask = torch.zeros(b, t, dtype=torch.bool, device=home)  # (B, T)
+    aux = torch.zeros(b, t, aux_dim, dtype=dtype, device=home)  # (B, T, m*D)
+    final = torch.zeros(b, t, d, dtype=dtype, device=home)  # (B, T, D)
     for i, r in enumerate(records):
         n = r.num_tokens
         ids[i, :n], mask[i, :n] = r.input_ids, r.loss_mask
