@@ -116,7 +116,7 @@ def train_one(run_dir: Path) -> None:
     train(read_config(run_dir))
 
 
-def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True) -> None:
+def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True, check_exact: bool = True) -> None:
     """The run at S* (table row: greedy with STS fit, T=1) and its other checkpoints (τ curve)."""
     import torch
 
@@ -139,7 +139,8 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True) 
     shutil.copy(run_dir / "draft_arch.json", view / "draft_arch.json")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     (view / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= s_star))
-    vcfg = replace(cfg, train=replace(cfg.train, max_steps=s_star), run_dir=str(view))
+    vcfg = replace(cfg, train=replace(cfg.train, max_steps=s_star), run_dir=str(view),
+                   eval=replace(cfg.eval, check_exact=check_exact))
     overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
     write_config(vcfg, view, overrides)
 
@@ -259,8 +260,8 @@ def cmd_eval(args) -> None:
         sys.exit("no checkpoint step that every run reached")
     s_star = args.step or max(common)
     print(f"S* = step {s_star} (reached by every run)", flush=True)
-    procs = {k: _spawn(["_eval", str(d), str(root / "sweep" / k), str(s_star), str(int(args.curve))],
-                       d / "eval.log", len(dirs), i)
+    flags = [str(int(args.curve)), str(int(args.exact))]
+    procs = {k: _spawn(["_eval", str(d), str(root / "sweep" / k), str(s_star), *flags], d / "eval.log", len(dirs), i)
              for i, (k, d) in enumerate(dirs.items())}
 
     def progress(k):
@@ -307,7 +308,7 @@ def main() -> None:
         if sys.argv[1] == "_train":
             train_one(Path(sys.argv[2]))
         else:
-            eval_one(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5:] != ["0"])
+            eval_one(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5] != "0", sys.argv[6] != "0")
         return
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -335,6 +336,8 @@ def main() -> None:
     e.add_argument("--step", type=int, default=None, help="report every run at this step (default: S*)")
     e.add_argument("--no-curve", dest="curve", action="store_false",
                    help="measure S* only (each curve point is one more greedy evaluation per run)")
+    e.add_argument("--no-exact", dest="exact", action="store_false",
+                   help="skip the target-alone decode that counts exact greedy replies (eval.check_exact=false)")
     b = sub.add_parser("best")
     b.add_argument("--root", required=True)
     args = ap.parse_args()

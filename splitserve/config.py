@@ -125,6 +125,10 @@ class EvalConfig:
     max_new_tokens: int = 64
     temperature: float = 0.0
     compare_untrained: bool = True
+    # Greedy only: also decode each prompt with the target alone and count the replies the
+    # speculative loop reproduced exactly (one plain decode per prompt, about 40% of the
+    # evaluation's time; losslessness itself is covered by the tests).
+    check_exact: bool = True
     # Further sampling temperatures at which the trained draft is also measured, e.g. [1.0] for
     # τ at T=1 in ablation reports; each adds a "trained@T=<t>" entry to eval.json.
     extra_temperatures: list[float] = field(default_factory=list)

@@ -100,3 +100,25 @@ def test_overfit_one_sequence_reaches_gamma_plus_one():
     report = evaluate(target, draft, [prompt], max_new_tokens=36)
     assert report.exact_matches == 1
     assert report.tau == gamma + 1, report.results[0].accepts
+
+
+@pytest.mark.parametrize("check_exact", [True, False])
+def test_evaluate_run_counts_exact_replies_only_when_asked(tiny_smol_dir, tmp_path, check_exact):
+    import json
+    from pathlib import Path
+
+    from splitserve.config import DataConfig, EvalConfig, RunConfig, TargetConfig
+    from splitserve.target.hf import load_hf_target
+    from splitserve.train.heldout import evaluate_run
+
+    target = load_hf_target(TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), layer_ids=[0, 1, 2], device="cpu"))
+    torch.manual_seed(0)
+    draft = tiny_draft(target, block_size=4, markov_rank=4)
+    prompts = Path(__file__).resolve().parents[1] / "data" / "sample_prompts.jsonl"
+    cfg = RunConfig(data=DataConfig(heldout_prompts=str(prompts)),
+                    eval=EvalConfig(num_prompts=2, max_new_tokens=6, compare_untrained=False, check_exact=check_exact),
+                    run_dir=str(tmp_path))
+    evaluate_run(cfg, target, draft)
+    trained = json.loads((tmp_path / "eval.json").read_text())["trained"]
+    assert trained["exact_matches"] == (2 if check_exact else None)
+    assert [r["exact"] for r in trained["results"]] == ([True, True] if check_exact else [None, None])

@@ -32,7 +32,8 @@ def evaluate_run(cfg: RunConfig, target, draft) -> dict[str, EvalReport]:
     calibrate = ev.calibrate and draft.confidence is not None
     reports = {}
     reports["trained"] = evaluate(target, draft, prompts, ev.max_new_tokens, ev.temperature, cfg.train.seed,
-                                  eos_ids=eos, desc="eval trained", record_confidence=calibrate)
+                                  check_exact=ev.check_exact, eos_ids=eos, desc="eval trained",
+                                  record_confidence=calibrate)
     if ev.compare_untrained:
         torch.manual_seed(cfg.train.seed)
         fresh = build_draft(draft.arch, target).eval()
