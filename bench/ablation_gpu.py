@@ -116,8 +116,10 @@ def train_one(run_dir: Path) -> None:
     train(read_config(run_dir))
 
 
-def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True, check_exact: bool = True) -> None:
-    """The run at S* (table row: greedy with STS fit, T=1) and its other checkpoints (τ curve)."""
+def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True, check_exact: bool = True,
+             engine: bool = False) -> None:
+    """The run at S* (table row: greedy with STS fit, T=1) and its other checkpoints (τ curve).
+    `engine`: the S* row through the serving engine too (eval.engine), not the reference loop."""
     import torch
 
     from splitserve.models.io import load_draft
@@ -140,7 +142,7 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True, 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     (view / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= s_star))
     vcfg = replace(cfg, train=replace(cfg.train, max_steps=s_star), run_dir=str(view),
-                   eval=replace(cfg.eval, check_exact=check_exact))
+                   eval=replace(cfg.eval, check_exact=check_exact, engine=engine))
     overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text())
     write_config(vcfg, view, overrides)
 
@@ -260,7 +262,7 @@ def cmd_eval(args) -> None:
         sys.exit("no checkpoint step that every run reached")
     s_star = args.step or max(common)
     print(f"S* = step {s_star} (reached by every run)", flush=True)
-    flags = [str(int(args.curve)), str(int(args.exact))]
+    flags = [str(int(args.curve)), str(int(args.exact)), str(int(args.engine))]
     procs = {k: _spawn(["_eval", str(d), str(root / "sweep" / k), str(s_star), *flags], d / "eval.log", len(dirs), i)
              for i, (k, d) in enumerate(dirs.items())}
 
@@ -308,7 +310,7 @@ def main() -> None:
         if sys.argv[1] == "_train":
             train_one(Path(sys.argv[2]))
         else:
-            eval_one(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5] != "0", sys.argv[6] != "0")
+            eval_one(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), *(a != "0" for a in sys.argv[5:8]))
         return
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -338,6 +340,8 @@ def main() -> None:
                    help="measure S* only (each curve point is one more greedy evaluation per run)")
     e.add_argument("--no-exact", dest="exact", action="store_false",
                    help="skip the target-alone decode that counts exact greedy replies (eval.check_exact=false)")
+    e.add_argument("--engine", action="store_true",
+                   help="decode the S* evaluation through the serving engine (eval.engine=true): seconds, not minutes")
     b = sub.add_parser("best")
     b.add_argument("--root", required=True)
     args = ap.parse_args()

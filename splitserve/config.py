@@ -129,6 +129,9 @@ class EvalConfig:
     # speculative loop reproduced exactly (one plain decode per prompt, about 40% of the
     # evaluation's time; losslessness itself is covered by the tests).
     check_exact: bool = True
+    # Decode through the serving engine (static caches, CUDA graphs on a GPU) instead of the
+    # reference loop: greedy, the same rounds; minutes become seconds on a GPU.
+    engine: bool = False
     # Further sampling temperatures at which the trained draft is also measured, e.g. [1.0] for
     # τ at T=1 in ablation reports; each adds a "trained@T=<t>" entry to eval.json.
     extra_temperatures: list[float] = field(default_factory=list)

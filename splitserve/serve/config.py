@@ -41,6 +41,9 @@ class EngineConfig:
     # γ=16 round of SmolLM2-135M from 3.04 to 2.02 ms compiled at context 1,024, and made the
     # round's cost independent of max_context (docs/results/engine_h200.md).
     min_window: int = 256
+    # Keep each round's confidences c_1..c_γ in GenStats.confidences (STS calibration data for
+    # held-out evaluation): one more small device copy and host read per round. Off for serving.
+    record_confidence: bool = False
 
 
 @dataclass

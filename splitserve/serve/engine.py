@@ -78,6 +78,8 @@ class GenStats:
     prompt_tokens: int
     tokens: list[int] = field(default_factory=list)  # generated ids (EOS included when hit)
     accepts: list[int] = field(default_factory=list)  # per round: accepted draft tokens n
+    # per round c_1..c_γ, when EngineConfig.record_confidence and the draft has a confidence head
+    confidences: list[list[float]] = field(default_factory=list)
     finish_reason: str = "length"  # stop (EOS) | length | cancelled
     ttft_s: float = 0.0  # request start -> first token on the host
     token_times: list[float] = field(default_factory=list)  # seconds since start, per generated token
@@ -118,6 +120,8 @@ class Engine:
         self.anchor = torch.zeros((), dtype=torch.long, device=dev)
         self.out = torch.zeros(self.gamma + 2, dtype=torch.long, device=dev)
         self._offsets = torch.arange(self.gamma + 1, device=dev)  # (γ+1,)
+        recording = cfg.record_confidence and draft is not None and draft.confidence is not None
+        self.conf_out = torch.zeros(self.gamma, dtype=torch.float32, device=dev) if recording else None  # (γ,)
         self.generator = torch.Generator(device=dev).manual_seed(cfg.seed)
         self.windows = attention_windows(cfg.min_window, self.capacity)
         # one graph per (mode, temperature, window): room for a few temperatures per mode
@@ -173,6 +177,8 @@ class Engine:
             n, bonus = truncate_verify(n, bonus, limit, logits[0], temperature, self.generator)
             self.verify_len.copy_(limit)
         self.ctx.write(cap.aux, pos)
+        if self.conf_out is not None:
+            self.conf_out.copy_(conf)
         # [d_1..d_n, bonus, bonus, ...]: slot k < n holds d_{k+1}, the rest the bonus.
         committed = torch.where(self._offsets < n, verify_in.roll(-1), bonus)  # (γ+1,)
         self.out.copy_(torch.cat([n.view(1), committed]))
@@ -271,6 +277,8 @@ class Engine:
             seq_len += n + 1
             if mode == "spec":
                 stats.accepts.append(n)
+                if self.conf_out is not None:
+                    stats.confidences.append(self.conf_out.tolist())
             chunk = vals[1 : n + 2]
         stats.total_s = time.perf_counter() - start
         return stats

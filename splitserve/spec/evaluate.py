@@ -102,6 +102,58 @@ def evaluate(
     )
 
 
+def evaluate_engine(
+    target,
+    draft,
+    prompts: list[list[int]],
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    seed: int = 0,
+    check_exact: bool = True,
+    eos_ids: AbstractSet[int] | None = None,
+    desc: str = "eval",
+    record_confidence: bool = False,
+) -> EvalReport:
+    """`evaluate` through the serving engine (static caches; CUDA graphs on a GPU): greedy, the
+    same rounds as the reference loop (tests/test_spec_decode.py checks it); at T>0 the same
+    distribution from other draws. A draft in another dtype than the target's runs as a copy
+    in the target's dtype, as it would be served."""
+    import copy
+
+    from splitserve.serve.config import EngineConfig
+    from splitserve.serve.engine import Engine, SamplingParams
+
+    draft.eval()
+    if next(draft.parameters()).dtype != target.dtype:
+        draft = copy.deepcopy(draft).to(target.dtype)
+    cfg = EngineConfig(max_context=max(len(p) for p in prompts) + max_new_tokens, seed=seed,
+                       record_confidence=record_confidence)
+    engine = Engine(target, draft, cfg)
+    params = SamplingParams(max_new_tokens, temperature, eos_ids=frozenset(eos_ids or ()))
+    results, all_accepts = [], []
+    for ids in tqdm(prompts, desc=desc, unit="prompt", leave=False):
+        stats = engine.generate(ids, params)  # one generator stream across prompts, as in evaluate
+        exact = None
+        if temperature == 0 and check_exact:
+            with varlen_sdpa():
+                exact = stats.tokens == target_decode(target, ids, max_new_tokens, 0.0, eos_ids)
+        confs = stats.confidences if record_confidence and stats.confidences else None
+        results.append(PromptResult(list(ids), stats.tokens, stats.accepts, exact, confs))
+        all_accepts += stats.accepts
+    tau, per_pos = acceptance_stats(all_accepts, draft.arch.block_size)
+    return EvalReport(
+        tau=tau,
+        per_position=per_pos,
+        rounds=len(all_accepts),
+        tokens=sum(len(r.tokens) for r in results),
+        num_prompts=len(prompts),
+        temperature=temperature,
+        block_size=draft.arch.block_size,
+        exact_matches=sum(bool(r.exact) for r in results) if temperature == 0 and check_exact else None,
+        results=results,
+    )
+
+
 def format_reports(named: dict[str, EvalReport]) -> str:
     """A Markdown table: one row per evaluated draft."""
     gamma = max(r.block_size for r in named.values())

@@ -10,7 +10,7 @@ import torch
 from splitserve.config import RunConfig
 from splitserve.models.build import build_draft
 from splitserve.spec.calibration import fit_report, format_fit, write_calibration
-from splitserve.spec.evaluate import EvalReport, evaluate, format_reports
+from splitserve.spec.evaluate import EvalReport, evaluate, evaluate_engine, format_reports
 from splitserve.spec.plots import plot_acceptance
 from splitserve.target.eos import eos_ids
 
@@ -30,21 +30,20 @@ def evaluate_run(cfg: RunConfig, target, draft) -> dict[str, EvalReport]:
     prompts = load_prompt_ids(cfg.data.heldout_prompts, target.tokenizer, ev.num_prompts)
     eos = eos_ids(target)
     calibrate = ev.calibrate and draft.confidence is not None
+    run = evaluate_engine if ev.engine else evaluate
     reports = {}
-    reports["trained"] = evaluate(target, draft, prompts, ev.max_new_tokens, ev.temperature, cfg.train.seed,
-                                  check_exact=ev.check_exact, eos_ids=eos, desc="eval trained",
-                                  record_confidence=calibrate)
+    reports["trained"] = run(target, draft, prompts, ev.max_new_tokens, ev.temperature, cfg.train.seed,
+                             check_exact=ev.check_exact, eos_ids=eos, desc="eval trained", record_confidence=calibrate)
     if ev.compare_untrained:
         torch.manual_seed(cfg.train.seed)
         fresh = build_draft(draft.arch, target).eval()
         # Exactness is already checked on the trained draft; the baseline only needs its τ.
-        reports["untrained"] = evaluate(target, fresh, prompts, ev.max_new_tokens, ev.temperature,
-                                        cfg.train.seed, check_exact=False, eos_ids=eos, desc="eval untrained")
+        reports["untrained"] = run(target, fresh, prompts, ev.max_new_tokens, ev.temperature,
+                                   cfg.train.seed, check_exact=False, eos_ids=eos, desc="eval untrained")
     for t in ev.extra_temperatures:
         if t != ev.temperature:
-            reports[f"trained@T={t:g}"] = evaluate(target, draft, prompts, ev.max_new_tokens, t, cfg.train.seed,
-                                                   eos_ids=eos, desc=f"eval trained T={t:g}",
-                                                   record_confidence=calibrate)
+            reports[f"trained@T={t:g}"] = run(target, draft, prompts, ev.max_new_tokens, t, cfg.train.seed,
+                                              eos_ids=eos, desc=f"eval trained T={t:g}", record_confidence=calibrate)
     run_dir = Path(cfg.run_dir)
     table = format_reports(reports)
     (run_dir / "eval.json").write_text(json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=1))
@@ -55,7 +54,8 @@ def evaluate_run(cfg: RunConfig, target, draft) -> dict[str, EvalReport]:
     plot_acceptance(reports, run_dir / "acceptance.png", f"{target.info.name}, γ={draft.arch.block_size}, held-out")
     print("\n" + header + table)
     if calibrate:
-        fits = [f for name, r in reports.items() if name.startswith("trained") and (f := fit_report(r, ev.calibration_bins))]
+        fits = [f for name, r in reports.items()
+                if name.startswith("trained") and (f := fit_report(r, ev.calibration_bins))]
         if fits:
             write_calibration(run_dir, fits, ev.calibration_bins,
                               source=f"{len(prompts)} held-out prompts from {cfg.data.heldout_prompts}")
