@@ -129,8 +129,6 @@ def test_evaluate_run_counts_exact_replies_only_when_asked(tiny_smol_dir, tmp_pa
 def test_engine_evaluation_equals_the_reference_loop():
     """EvalConfig.engine: greedy through the serving engine gives the reference loop's tokens,
     rounds and recorded confidences (the STS data); at T=1 it records one confidence row per round."""
-    from splitserve.spec.evaluate import evaluate_engine
-
     target = tiny_target(seed=7)
     draft = tiny_draft(target, block_size=4, markov_rank=8)
     torch.nn.init.normal_(draft.markov.w2.weight, std=1.0)
@@ -138,13 +136,13 @@ def test_engine_evaluation_equals_the_reference_loop():
     prompts = [torch.randint(0, 90, (n,), generator=g).tolist() for n in (3, 9, 5)]
     eos = {target_decode(target, prompts[2], 20)[6]}  # the third prompt stops early
     ref = evaluate(target, draft, prompts, 20, eos_ids=eos, record_confidence=True)
-    eng = evaluate_engine(target, draft, prompts, 20, eos_ids=eos, record_confidence=True)
+    eng = evaluate(target, draft, prompts, 20, eos_ids=eos, record_confidence=True, engine=True)
     assert eng.exact_matches == ref.exact_matches == 3
     assert (eng.tau, eng.rounds, eng.per_position) == (ref.tau, ref.rounds, ref.per_position)
     for a, b in zip(ref.results, eng.results):
         assert (a.tokens, a.accepts) == (b.tokens, b.accepts)
         assert torch.allclose(torch.tensor(a.confidences), torch.tensor(b.confidences), atol=1e-5)
-    sampled = evaluate_engine(target, draft, prompts, 20, temperature=1.0, record_confidence=True)
+    sampled = evaluate(target, draft, prompts, 20, temperature=1.0, record_confidence=True, engine=True)
     assert sampled.exact_matches is None
     for r in sampled.results:
         assert len(r.tokens) == 20 and len(r.confidences) == len(r.accepts) and len(r.confidences[0]) == 4

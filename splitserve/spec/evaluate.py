@@ -6,6 +6,7 @@ Conditional acceptance at position k = P(n >= k | n >= k-1) over all rounds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 
@@ -60,6 +61,46 @@ def acceptance_stats(accepts: list[int], gamma: int) -> tuple[float, list[float]
     return tau, per_pos
 
 
+Decode = Callable[[list[int]], tuple[list[int], list[int], list[list[float]]]]  # ids -> tokens, accepts, confs
+
+
+def _reference_decoder(target, draft, max_new_tokens, temperature, seed, eos_ids, record_confidence) -> Decode:
+    """The reference loop (spec/decode.py), one generator stream across prompts."""
+    decoder = SpecDecoder(target, draft)
+    gen = torch.Generator(device=target.device).manual_seed(seed)
+
+    def decode(ids: list[int]):
+        # The reference loop grows the context every round: a new attention shape each forward.
+        with varlen_sdpa():
+            res = decoder.generate(ids, max_new_tokens, temperature, eos_ids, gen, record_confidence)
+        return res.tokens, res.accepts, res.confidences
+
+    return decode
+
+
+def _engine_decoder(target, draft, max_new_tokens, temperature, seed, eos_ids, record_confidence,
+                    max_prompt: int) -> Decode:
+    """The serving engine (static caches; CUDA graphs on a GPU), one generator stream across
+    prompts. A draft in another dtype than the target's runs as a copy in the target's dtype,
+    as it would be served."""
+    import copy
+
+    from splitserve.serve.config import EngineConfig
+    from splitserve.serve.engine import Engine, SamplingParams
+
+    if next(draft.parameters()).dtype != target.dtype:
+        draft = copy.deepcopy(draft).to(target.dtype)
+    cfg = EngineConfig(max_context=max_prompt + max_new_tokens, seed=seed, record_confidence=record_confidence)
+    engine = Engine(target, draft, cfg)
+    params = SamplingParams(max_new_tokens, temperature, eos_ids=frozenset(eos_ids or ()))
+
+    def decode(ids: list[int]):
+        stats = engine.generate(ids, params)
+        return stats.tokens, stats.accepts, stats.confidences
+
+    return decode
+
+
 def evaluate(
     target,
     draft,
@@ -71,22 +112,24 @@ def evaluate(
     eos_ids: AbstractSet[int] | None = None,
     desc: str = "eval",
     record_confidence: bool = False,
+    engine: bool = False,
 ) -> EvalReport:
-    """`record_confidence` also keeps the confidence head's c_k of every round (for STS)."""
+    """`record_confidence` also keeps the confidence head's c_k of every round (for STS).
+    `engine` decodes through the serving engine instead of the reference loop: greedy, the same
+    tokens in the same rounds (tests/test_spec_decode.py); at T>0 the same distribution, other
+    draws. Exactness is always checked against the target decoding alone (`target_decode`)."""
     draft.eval()
-    decoder = SpecDecoder(target, draft)
-    gen = torch.Generator(device=target.device).manual_seed(seed)
+    args = (target, draft, max_new_tokens, temperature, seed, eos_ids, record_confidence)
+    decode = _engine_decoder(*args, max(len(p) for p in prompts)) if engine else _reference_decoder(*args)
     results, all_accepts = [], []
     for ids in tqdm(prompts, desc=desc, unit="prompt", leave=False):
-        # The reference loop grows the context every round: a new attention shape each forward.
-        with varlen_sdpa():
-            res = decoder.generate(ids, max_new_tokens, temperature, eos_ids, gen, record_confidence)
-            exact = None
-            if temperature == 0 and check_exact:
-                exact = res.tokens == target_decode(target, ids, max_new_tokens, 0.0, eos_ids)
-        confs = res.confidences if record_confidence and res.confidences else None
-        results.append(PromptResult(list(ids), res.tokens, res.accepts, exact, confs))
-        all_accepts += res.accepts
+        tokens, accepts, confs = decode(ids)
+        exact = None
+        if temperature == 0 and check_exact:
+            with varlen_sdpa():
+                exact = tokens == target_decode(target, ids, max_new_tokens, 0.0, eos_ids)
+        results.append(PromptResult(list(ids), tokens, accepts, exact, confs if record_confidence and confs else None))
+        all_accepts += accepts
     tau, per_pos = acceptance_stats(all_accepts, draft.arch.block_size)
     exact_matches = sum(bool(r.exact) for r in results) if temperature == 0 and check_exact else None
     return EvalReport(
@@ -98,58 +141,6 @@ def evaluate(
         temperature=temperature,
         block_size=draft.arch.block_size,
         exact_matches=exact_matches,
-        results=results,
-    )
-
-
-def evaluate_engine(
-    target,
-    draft,
-    prompts: list[list[int]],
-    max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    seed: int = 0,
-    check_exact: bool = True,
-    eos_ids: AbstractSet[int] | None = None,
-    desc: str = "eval",
-    record_confidence: bool = False,
-) -> EvalReport:
-    """`evaluate` through the serving engine (static caches; CUDA graphs on a GPU): greedy, the
-    same rounds as the reference loop (tests/test_spec_decode.py checks it); at T>0 the same
-    distribution from other draws. A draft in another dtype than the target's runs as a copy
-    in the target's dtype, as it would be served."""
-    import copy
-
-    from splitserve.serve.config import EngineConfig
-    from splitserve.serve.engine import Engine, SamplingParams
-
-    draft.eval()
-    if next(draft.parameters()).dtype != target.dtype:
-        draft = copy.deepcopy(draft).to(target.dtype)
-    cfg = EngineConfig(max_context=max(len(p) for p in prompts) + max_new_tokens, seed=seed,
-                       record_confidence=record_confidence)
-    engine = Engine(target, draft, cfg)
-    params = SamplingParams(max_new_tokens, temperature, eos_ids=frozenset(eos_ids or ()))
-    results, all_accepts = [], []
-    for ids in tqdm(prompts, desc=desc, unit="prompt", leave=False):
-        stats = engine.generate(ids, params)  # one generator stream across prompts, as in evaluate
-        exact = None
-        if temperature == 0 and check_exact:
-            with varlen_sdpa():
-                exact = stats.tokens == target_decode(target, ids, max_new_tokens, 0.0, eos_ids)
-        confs = stats.confidences if record_confidence and stats.confidences else None
-        results.append(PromptResult(list(ids), stats.tokens, stats.accepts, exact, confs))
-        all_accepts += stats.accepts
-    tau, per_pos = acceptance_stats(all_accepts, draft.arch.block_size)
-    return EvalReport(
-        tau=tau,
-        per_position=per_pos,
-        rounds=len(all_accepts),
-        tokens=sum(len(r.tokens) for r in results),
-        num_prompts=len(prompts),
-        temperature=temperature,
-        block_size=draft.arch.block_size,
-        exact_matches=sum(bool(r.exact) for r in results) if temperature == 0 and check_exact else None,
         results=results,
     )
 

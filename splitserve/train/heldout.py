@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from splitserve.config import RunConfig
 from splitserve.models.build import build_draft
 from splitserve.spec.calibration import fit_report, format_fit, write_calibration
-from splitserve.spec.evaluate import EvalReport, evaluate, evaluate_engine, format_reports
+from splitserve.spec.evaluate import EvalReport, evaluate, format_reports
 from splitserve.spec.plots import plot_acceptance
 from splitserve.target.eos import eos_ids
 
@@ -30,7 +31,7 @@ def evaluate_run(cfg: RunConfig, target, draft) -> dict[str, EvalReport]:
     prompts = load_prompt_ids(cfg.data.heldout_prompts, target.tokenizer, ev.num_prompts)
     eos = eos_ids(target)
     calibrate = ev.calibrate and draft.confidence is not None
-    run = evaluate_engine if ev.engine else evaluate
+    run = partial(evaluate, engine=ev.engine)
     reports = {}
     reports["trained"] = run(target, draft, prompts, ev.max_new_tokens, ev.temperature, cfg.train.seed,
                              check_exact=ev.check_exact, eos_ids=eos, desc="eval trained", record_confidence=calibrate)
