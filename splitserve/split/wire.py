@@ -184,12 +184,9 @@ def encode(
     return header, payload
 
 
-def decode(header: Header, payload: list[torch.Tensor], copy: bool = False) -> HiddenRecord:
-    """Rebuild a record from a RECORD header and its payload tensors (shapes as in the header).
-
-    copy=True detaches the result from the payload's memory, for receivers that reuse one
-    buffer for every message.
-    """
+def decode(header: Header, payload: list[torch.Tensor]) -> HiddenRecord:
+    """Rebuild a record from a RECORD header and its payload tensors (shapes as in the header);
+    the record keeps the payload's memory (receivers allocate fresh tensors per message)."""
     if header.kind != Kind.RECORD:
         raise WireError(f"cannot decode a {header.kind.name} message as a record")
     want = payload_shapes(header)
@@ -197,8 +194,6 @@ def decode(header: Header, payload: list[torch.Tensor], copy: bool = False) -> H
     if got != want:
         raise WireError(f"record {header.sample_id}: payload {got} does not match its header {want}")
     ids, mask, aux, final = payload
-    if copy:
-        ids, aux, final = ids.clone(), aux.clone(), final.clone()
     return HiddenRecord(
         sample_id=header.sample_id,
         input_ids=ids,
