@@ -266,6 +266,19 @@ def run_ranks(fn, world: int) -> dict:
     return done
 
 
+def _recv_bf16_then_error(ch: P2PChannel, out: dict) -> None:
+    """Consumer end of the phase where the producer sends records 50 (6 tokens) and 51 (empty)
+    in bf16, then fails: out["bf16_ok"], and out["error"] once recv() raises ProducerError."""
+    a, b = ch.recv(), ch.recv()
+    out["bf16_ok"] = same_record(a, make_record(50, 6), torch.bfloat16) and same_record(
+        b, make_record(51, 0), torch.bfloat16
+    )
+    try:
+        ch.recv()
+    except ProducerError as e:
+        out["error"] = str(e)
+
+
 def _pair_ranks(rank: int) -> dict:
     """Rank 0 produces, rank 1 consumes; four channels between them, one per phase (by tag)."""
     out: dict = {}
@@ -322,14 +335,7 @@ def _pair_ranks(rank: int) -> dict:
     out["none_after_close"] = ch.recv() is None
 
     ch = P2PChannel(0, "consumer", spec(torch.bfloat16), tag=3)
-    a, b = ch.recv(), ch.recv()
-    out["bf16_ok"] = same_record(a, make_record(50, 6), torch.bfloat16) and same_record(
-        b, make_record(51, 0), torch.bfloat16
-    )
-    try:
-        ch.recv()
-    except ProducerError as e:
-        out["error"] = str(e)
+    _recv_bf16_then_error(ch, out)
     out["slow_producer_wait_s"] = ch.stats().recv_wait_s
     return out
 
@@ -515,14 +521,7 @@ def _planes_ranks(rank: int) -> dict:
     ch.close()
     phase("stop")
     ch = P2PChannel(0, "consumer", spec(torch.bfloat16), tag=3, **kw)
-    a, b = ch.recv(), ch.recv()
-    out["bf16_ok"] = same_record(a, make_record(50, 6), torch.bfloat16) and same_record(
-        b, make_record(51, 0), torch.bfloat16
-    )
-    try:
-        ch.recv()
-    except ProducerError as e:
-        out["error"] = str(e)
+    _recv_bf16_then_error(ch, out)
     phase("error")
     with FanInChannel.connect([0], spec(), tag=4, **kw) as fan:
         got = list(iter(fan.recv, None))
