@@ -123,9 +123,7 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True, 
     import torch
 
     from splitserve.models.io import load_draft
-    from splitserve.serve.config import EngineConfig
-    from splitserve.serve.engine import Engine, SamplingParams
-    from splitserve.spec.evaluate import acceptance_stats
+    from splitserve.spec.evaluate import evaluate
     from splitserve.target import load_target
     from splitserve.target.eos import eos_ids
     from splitserve.target.hf import pick_device
@@ -161,16 +159,14 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True, 
     eos = eos_ids(target)
     curve = []
     for step in sorted(points):
-        engine = Engine(target, draft_at(step).to(target.dtype), EngineConfig(max_context=1024))
-        accepts = []
-        for ids in prompts:
-            accepts += engine.generate(ids, SamplingParams(cfg.eval.max_new_tokens, eos_ids=eos)).accepts
-        tau, per_position = acceptance_stats(accepts, engine.gamma)
+        rep = evaluate(target, draft_at(step), prompts, cfg.eval.max_new_tokens, check_exact=False, eos_ids=eos,
+                       desc=f"eval step {step}", engine=True)
         state = read_state(ckpts[step])
-        curve.append({"step": step, "tokens_seen": state.tokens_seen, "tau": tau, "rounds": len(accepts),
-                      "per_position": per_position, "measured_with": "serving engine", "checkpoint": ckpts[step].name})
-        print(f"[eval] {view.name} step {step}: τ {tau:.3f}", flush=True)
-        del engine
+        curve.append({"step": step, "tokens_seen": state.tokens_seen, "tau": rep.tau, "rounds": rep.rounds,
+                      "per_position": rep.per_position, "measured_with": "serving engine",
+                      "checkpoint": ckpts[step].name})
+        print(f"[eval] {view.name} step {step}: τ {rep.tau:.3f}", flush=True)
+        del rep
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
     (view / "tau_curve.json").write_text(json.dumps(curve, indent=1))
 
