@@ -179,12 +179,14 @@ def check_train(transport: str, run_dir: str) -> None:
     )
     from splitserve.split.runner import run_split
 
+    # Rank 0 saves the target beside the run and renames it into place once complete, so the
+    # other rank, which polls for the directory, never reads a half-written one.
     target_dir = Path(run_dir + "_target")
-    if int(os.environ["RANK"]) == 0 and not (target_dir / "config.json").exists():
-        save_tiny_smol(target_dir)
-    while not (target_dir / "config.json").exists():  # the other rank waits for rank 0's save
+    if int(os.environ["RANK"]) == 0 and not target_dir.exists():
+        partial = Path(save_tiny_smol(Path(run_dir + "_target.partial")))
+        partial.rename(target_dir)
+    while not target_dir.exists():
         threading.Event().wait(0.2)
-    threading.Event().wait(1.0)  # the rest of the directory
     cfg = RunConfig(
         target=TargetConfig(path=str(target_dir), name="tiny-smol", layer_ids=[0, 1, 2]),
         data=DataConfig(train_path=str(REPO / "data/sample_chat.jsonl"),
