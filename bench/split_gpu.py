@@ -10,7 +10,7 @@ with one GPU both share it, so the transport is gloo staged through host memory)
         channel alone (records of 8K tokens sent as fast as the channel takes them, no model);
         --backend nccl on a machine with a GPU per rank sends the payloads GPU to GPU (headers
         and credits over a gloo group of the pair, as split.transport=nccl does)
-    torchrun --nproc-per-node 2 bench/split_gpu.py train --data long.jsonl --out RUN [...]
+    torchrun --nproc-per-node 2 bench/split_gpu.py train --data long.jsonl --out RUN [--transport nccl] [...]
         the real split job (SmolLM2 target, DSpark draft, DeepSpeed), as `splitserve train`
         would run it, without Hydra so that it runs where only torch and transformers are
 
@@ -154,7 +154,8 @@ def train_bench(args) -> None:
                           anchors_per_seq=args.anchors, lr=6e-4, warmup_steps=20, log_every=10,
                           save_every=100000, backend=args.backend, zero_stage=1, precision="bf16"),
         eval=EvalConfig(enabled=False),
-        split=SplitConfig(num_target_ranks=1, wire_dtype=args.wire, credits=args.credits, transport="auto"),
+        split=SplitConfig(num_target_ranks=1, wire_dtype=args.wire, credits=args.credits,
+                          transport=args.transport),
         run_dir=args.out,
     )
     run_split(cfg)
@@ -185,6 +186,8 @@ def main() -> None:
     t.add_argument("--wire", default="bfloat16")
     t.add_argument("--credits", type=int, default=4)
     t.add_argument("--backend", default="deepspeed")
+    t.add_argument("--transport", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="split.transport: nccl needs a GPU per rank (payloads GPU to GPU)")
     args = ap.parse_args()
     if args.mode == "long-data":
         make_long_data(args.src, args.out, args.tokens, args.rows)

@@ -165,9 +165,9 @@ class SplitConfig:
     prefetch: int = 2  # records a draft rank receives ahead of the step that needs them
     wire_dtype: str = "float32"  # float32 | bfloat16: hidden states on the wire
     max_tokens: int | None = None  # receive buffer length; None: data.max_length
-    # auto = gloo: records are staged through host memory, whether ranks share a GPU or not.
-    # nccl (a GPU per rank): payloads GPU to GPU, headers and credits over gloo; experimental
-    # until a long training run has used it (docs/split-training.md).
+    # auto: nccl when every rank of the job has a GPU of its own, else gloo.
+    # nccl (a GPU per rank): payloads GPU to GPU, headers and credits over gloo.
+    # gloo: records staged through host memory, whether ranks share a GPU or not.
     transport: str = "auto"  # auto | gloo | nccl
     heartbeat_s: float = 1.0
     stale_after_s: float = 30.0  # a rank silent this long is declared dead

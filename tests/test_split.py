@@ -192,30 +192,49 @@ def test_time_budget_ends_the_split_job_cleanly(tiny_smol_dir, tmp_path):
     assert "[split] target rank 0: produced" in proc.stdout + proc.stderr
 
 
-def test_transport_choice_defaults_to_host_staged_gloo_and_nccl_needs_a_gpu_per_rank(monkeypatch):
+def test_transport_choice_nccl_payloads_with_a_gpu_per_rank_else_host_staged_gloo(monkeypatch):
     from splitserve.split import runner
-    from splitserve.split.runner import Placement
+    from splitserve.split.runner import Placement, settle_transport
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    for gpus in (0, 2):
-        monkeypatch.setattr(torch.cuda, "device_count", lambda n=gpus: n)
-        for transport in ("auto", "gloo"):
-            place = Placement.from_env(transport)
-            got = (place.rank, place.backend, place.channel_backend, place.channel_device.type)
-            assert got == (1, "gloo", "gloo", "cpu")
-            assert place.device.type == ("cuda" if gpus else "cpu")
-    # nccl: payloads on this rank's own GPU, the default group still gloo (control traffic).
-    place = Placement.from_env("nccl")
-    assert (place.backend, place.channel_backend, place.channel_device) == ("gloo", "nccl", torch.device("cuda", 1))
-    assert place.device == place.channel_device
+
+    def gpus(n):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+
+    def got(place):
+        return (place.rank, place.backend, place.channel_backend, place.channel_device, place.device)
+
+    cpu, cuda1 = torch.device("cpu"), torch.device("cuda", 1)
+    # No GPU: everything on the CPU over gloo, whatever auto or gloo says.
+    gpus(0)
+    for transport in ("auto", "gloo"):
+        assert got(Placement.from_env(transport)) == (1, "gloo", "gloo", cpu, cpu)
+    # Two ranks share one GPU: they compute on it, records go through host memory.
+    gpus(1)
+    for transport in ("auto", "gloo"):
+        assert got(Placement.from_env(transport)) == (1, "gloo", "gloo", cpu, torch.device("cuda", 0))
+    # A GPU per rank: auto sends payloads GPU to GPU (the default group stays gloo for control
+    # traffic); gloo still stages them through host memory on the rank's own GPU.
+    gpus(2)
+    for transport in ("auto", "nccl"):
+        assert got(Placement.from_env(transport)) == (1, "gloo", "nccl", cuda1, cuda1)
+    assert got(Placement.from_env("gloo")) == (1, "gloo", "gloo", cpu, cuda1)
+
+    # All ranks must agree: under auto, one rank that cannot use NCCL sends every rank to gloo;
+    # an explicit nccl is never overridden (a node short of GPUs already refused it above).
+    place = Placement.from_env("auto")
+    assert settle_transport(place, "auto", nccl_everywhere=True) == place
+    assert got(settle_transport(place, "auto", nccl_everywhere=False)) == (1, "gloo", "gloo", cpu, cuda1)
+    assert settle_transport(Placement.from_env("nccl"), "nccl", nccl_everywhere=False).channel_backend == "nccl"
+
     kw = runner._channel_kw(place, payload_group="nccl group")  # type: ignore[arg-type]
-    assert kw["group"] == "nccl group" and kw["device"] == place.channel_device and "control_group" in kw
-    assert runner._channel_kw(Placement.from_env("gloo"), None) == {"device": torch.device("cpu")}
-    for gpus in (0, 1):
-        monkeypatch.setattr(torch.cuda, "device_count", lambda n=gpus: n)
+    assert kw["group"] == "nccl group" and kw["device"] == cuda1 and "control_group" in kw
+    assert runner._channel_kw(Placement.from_env("gloo"), None) == {"device": cpu}
+    for n in (0, 1):
+        gpus(n)
         with pytest.raises(RuntimeError, match="needs a GPU per rank.*split.transport=gloo"):
             Placement.from_env("nccl")
     with pytest.raises(ValueError, match="auto, gloo or nccl"):

@@ -36,6 +36,12 @@ from splitserve.train.sources import ChannelSource, DataOrder
 WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+TRANSPORTS = {
+    "gloo": "records staged through host memory",
+    "nccl": "record payloads GPU to GPU over NCCL, headers and credits over gloo",
+}
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where this rank computes and how ranks talk."""
@@ -50,6 +56,8 @@ class Placement:
 
     @classmethod
     def from_env(cls, transport: str) -> Placement:
+        """This rank's placement from torchrun's variables. `auto` asks for NCCL payloads when this
+        node has a GPU per rank; `settle_transport` then makes every rank agree."""
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -57,29 +65,40 @@ class Placement:
         cpu = torch.device("cpu")
         if transport not in ("auto", "gloo", "nccl"):
             raise ValueError(f"split.transport must be auto, gloo or nccl, got {transport!r}")
-        if transport == "nccl":
-            if n_gpu < local_world:
-                raise RuntimeError(
-                    f"split.transport=nccl needs a GPU per rank: {local_world} ranks on this node, {n_gpu} "
-                    "GPU(s). Use split.transport=gloo (host-staged) to share GPUs or run without them."
-                )
+        own_gpus = n_gpu >= local_world
+        if transport == "nccl" and not own_gpus:
+            raise RuntimeError(
+                f"split.transport=nccl needs a GPU per rank: {local_world} ranks on this node, {n_gpu} "
+                "GPU(s). Use split.transport=gloo (host-staged) to share GPUs or run without them."
+            )
+        if n_gpu and own_gpus and transport != "gloo":
             # Payloads GPU to GPU; the channels' headers and credits stay on the default gloo group.
             device = torch.device("cuda", local_rank)
             return cls(rank, world, local_rank, device, "gloo", "nccl", device)
         if n_gpu == 0:
             return cls(rank, world, local_rank, cpu, "gloo", "gloo", cpu)
-        # Every rank computes on a GPU (its own when there are enough, else shared); records are
-        # staged through host memory over gloo. auto keeps to that until split.transport=nccl
-        # has been measured on GPUs (docs/split-training.md).
+        # Ranks share GPUs (or gloo was asked for): each computes on a GPU, its own where there
+        # are enough, and records are staged through host memory over gloo.
         device = torch.device("cuda", local_rank % n_gpu)
         return cls(rank, world, local_rank, device, "gloo", "gloo", cpu)
 
+    def host_staged(self) -> Placement:
+        """The same rank with its records staged through host memory over gloo."""
+        return replace(self, channel_backend="gloo", channel_device=torch.device("cpu"))
 
-NCCL_EXPERIMENTAL = (
-    "[split] split.transport=nccl is experimental: record payloads go GPU to GPU over NCCL, headers and "
-    "credits over gloo. On two H200s it moved 99 GB/s (gloo: 1.5) and an 8-step split run matched gloo's "
-    "losses exactly; no long training run has used it yet (docs/split-training.md)"
-)
+
+def settle_transport(place: Placement, transport: str, nccl_everywhere: bool) -> Placement:
+    """`auto` uses NCCL payloads only if every rank of the job can (`nccl_everywhere`, agreed over
+    the default group): one node with fewer GPUs than ranks sends the whole job back to gloo."""
+    if transport == "auto" and place.channel_backend == "nccl" and not nccl_everywhere:
+        return place.host_staged()
+    return place
+
+
+def _all_ranks_nccl(place: Placement) -> bool:
+    flag = torch.tensor([int(place.channel_backend == "nccl")])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # the default group is gloo: host memory
+    return bool(flag.item())
 
 
 def _channel_kw(place: Placement, payload_group: dist.ProcessGroup | None) -> dict:
@@ -135,12 +154,12 @@ def run_split(cfg: RunConfig) -> None:
         interval_s=cfg.split.heartbeat_s,
         stale_after_s=cfg.split.stale_after_s,
     ).start()
-    if place.rank == 0:
-        print(f"[split] {roles.describe()}: target ranks {list(roles.target_ranks)}, draft ranks "
-              f"{list(roles.draft_ranks)}; {place.channel_backend} transport, channel on {place.channel_device.type}")
-        if place.channel_backend == "nccl":
-            print(NCCL_EXPERIMENTAL, flush=True)
     try:
+        place = settle_transport(place, cfg.split.transport, _all_ranks_nccl(place))
+        if place.rank == 0:
+            print(f"[split] {roles.describe()}: target ranks {list(roles.target_ranks)}, draft ranks "
+                  f"{list(roles.draft_ranks)}; {place.channel_backend} transport "
+                  f"({TRANSPORTS[place.channel_backend]})", flush=True)
         # Every rank takes part in creating every group, in the same order. The draft ranks
         # reduce gradients over NCCL whenever each has a GPU of its own, even when the target
         # ranks share GPUs with them (and so talk to them over gloo).
