@@ -56,17 +56,29 @@ from splitserve.train.checkpoint import checkpoint_dirs  # noqa: E402
 RUNS = [("dspark_b8", "paper"), ("dspark_b8", "prefix"), ("dspark_b16", "paper"), ("dspark_b16", "prefix"),
         ("dflash_b8", "paper"), ("dflash_b16", "paper"), ("dspark_b16_gated", "prefix"), ("dspark_b16_rnn", "prefix")]
 DEFAULT_RUNS = RUNS[:6]
-RECIPE = dict(num_layers=2, batch_size=8, anchors_per_seq=64, lr=1e-3, warmup_steps=50, max_length=1024)
+RECIPE = dict(num_layers=2, batch_size=8, anchors_per_seq=64, lr=1e-3, markov_lr_scale=1.0, warmup_steps=50,
+              max_length=1024)
 
 
 def recipe(args) -> dict:
-    """RECIPE with this invocation's --num-layers / --batch-size / --lr, where given."""
-    given = {k: getattr(args, k, None) for k in ("num_layers", "batch_size", "lr")}
+    """RECIPE with this invocation's --num-layers / --batch-size / --lr / --anchors /
+    --markov-lr-scale, where given."""
+    names = ("num_layers", "batch_size", "lr", "anchors_per_seq", "markov_lr_scale")
+    given = {k: getattr(args, k, None) for k in names}
     return {**RECIPE, **{k: v for k, v in given.items() if v is not None}}
 
 
 def _conf(group: str, name: str) -> dict:
     return yaml.safe_load((REPO / "conf" / group / f"{name}.yaml").read_text()) or {}
+
+
+def _draft_conf(draft: str, num_layers: int, markov_rank: int | None) -> dict:
+    """conf/draft/<draft>.yaml with the recipe's depth; --markov-rank resizes DSpark's head only
+    (DFlash stays at rank 0, no head)."""
+    conf = {**_conf("draft", draft), "num_layers": num_layers}
+    if markov_rank is not None and conf.get("markov_rank", DraftConfig.markov_rank) > 0:
+        conf["markov_rank"] = markov_rank
+    return conf
 
 
 def run_name(i: int, draft: str, loss: str) -> str:
@@ -79,11 +91,11 @@ def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
     return RunConfig(
         target=TargetConfig(dtype="bfloat16" if cuda else "float32", device=args.device,
                             capture_graphs=args.capture_graphs),
-        draft=DraftConfig(**{**_conf("draft", draft), "num_layers": rec["num_layers"]}),
+        draft=DraftConfig(**_draft_conf(draft, rec["num_layers"], getattr(args, "markov_rank", None))),
         data=DataConfig(train_path=args.data, heldout_prompts=args.prompts, max_length=rec["max_length"]),
         loss=LossConfig(**_conf("loss", loss)),
         train=TrainConfig(max_steps=args.max_steps, max_minutes=args.minutes, batch_size=rec["batch_size"],
-                          anchors_per_seq=rec["anchors_per_seq"], lr=rec["lr"],
+                          anchors_per_seq=rec["anchors_per_seq"], lr=rec["lr"], markov_lr_scale=rec["markov_lr_scale"],
                           warmup_steps=rec["warmup_steps"], log_every=args.log_every, save_every=args.save_every,
                           keep_checkpoints=0, device=args.device, precision="bf16" if cuda else "fp32"),
         eval=EvalConfig(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, extra_temperatures=[1.0],
@@ -327,6 +339,12 @@ def main() -> None:
     t.add_argument("--num-layers", type=int, default=None, help=f"draft layers (recipe: {RECIPE['num_layers']})")
     t.add_argument("--batch-size", type=int, default=None, help=f"sequences per step (recipe: {RECIPE['batch_size']})")
     t.add_argument("--lr", type=float, default=None, help=f"peak learning rate (recipe: {RECIPE['lr']})")
+    t.add_argument("--anchors", dest="anchors_per_seq", type=int, default=None,
+                   help=f"anchors per sequence (recipe: {RECIPE['anchors_per_seq']})")
+    t.add_argument("--markov-lr-scale", type=float, default=None,
+                   help="the Markov head's learning rate as a multiple of --lr (recipe: 1)")
+    t.add_argument("--markov-rank", type=int, default=None,
+                   help="the Markov head's rank r for the DSpark runs (conf: 256; DFlash keeps 0)")
     t.add_argument("--num-prompts", type=int, default=40)
     t.add_argument("--max-new-tokens", type=int, default=96)
     e = sub.add_parser("eval")

@@ -99,6 +99,9 @@ class TrainConfig:
     batch_size: int = 4  # sequences per step
     anchors_per_seq: int = 64
     lr: float = 6e-4
+    # The Markov head's learning rate as a multiple of lr: its 2 x V x r parameters are most of
+    # the draft, and each embedding row is updated only when its token is a previous token.
+    markov_lr_scale: float = 1.0
     weight_decay: float = 0.0
     warmup_steps: int = 20
     grad_clip: float = 1.0

@@ -102,3 +102,28 @@ def test_a_sampled_round_reports_the_distribution_it_drew_each_token_from():
         h = draft.backbone(draft.block_inputs(ids[:, 11]), torch.arange(11, 16)[None], ctx, None)[0]
         prev = torch.cat([ids[0, 11:12], tokens[:-1]])  # the round's own draws as previous tokens
         torch.testing.assert_close(probs, torch.softmax(draft.logits(h, prev).float(), dim=-1))
+
+
+def test_markov_lr_scale_gives_the_head_its_own_learning_rate():
+    from splitserve.config import TrainConfig
+    from splitserve.train.backends import PlainBackend, param_groups
+    from tests.tiny import tiny_draft, tiny_target
+
+    draft = tiny_draft(tiny_target())
+    trainable = {id(p) for p in draft.parameters() if p.requires_grad}
+    head = {id(p) for p in draft.markov.parameters()}
+    assert head and head < trainable
+
+    one = param_groups(draft, TrainConfig(lr=1e-3))
+    assert len(one) == 1 and {id(p) for p in one[0]["params"]} == trainable
+
+    cfg = TrainConfig(lr=1e-3, markov_lr_scale=5.0, warmup_steps=2, max_steps=10)
+    rest, markov = param_groups(draft, cfg)
+    assert {id(p) for p in markov["params"]} == head and not head & {id(p) for p in rest["params"]}
+    assert {id(p) for p in rest["params"]} | head == trainable
+    # The schedule (warmup, then cosine) scales both groups alike: the ratio stays 5 at every step.
+    backend = PlainBackend(draft, cfg)
+    for _ in range(4):
+        rest_lr, head_lr = (g["lr"] for g in backend.opt.param_groups)
+        assert head_lr == pytest.approx(5.0 * rest_lr) and rest_lr <= 1e-3
+        backend.step()

@@ -59,9 +59,22 @@ def _trainable(draft: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in draft.parameters() if p.requires_grad]
 
 
-def _optimizer(params, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def param_groups(draft: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
+    """The trainable parameters as AdamW groups: the Markov head at `lr * markov_lr_scale`
+    (when that is not 1), everything else at `lr`. The schedule scales every group alike."""
+    markov = getattr(draft, "markov", None)
+    head = {id(p) for p in markov.parameters()} if markov is not None and cfg.markov_lr_scale != 1.0 else set()
+    rest = [p for p in _trainable(draft) if id(p) not in head]
+    groups = [{"params": rest, "lr": cfg.lr}]
+    if head:
+        groups.append({"params": [p for p in markov.parameters() if p.requires_grad],
+                       "lr": cfg.lr * cfg.markov_lr_scale})
+    return groups
+
+
+def _optimizer(groups: list[dict], cfg: TrainConfig) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its warmup/cosine schedule: the same recipe whichever backend steps them."""
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.warmup_steps, cfg.max_steps))
 
 
@@ -69,7 +82,7 @@ class PlainBackend:
     def __init__(self, draft: torch.nn.Module, cfg: TrainConfig, group: dist.ProcessGroup | None = None):
         self.module, self.cfg, self.group = draft, cfg, group
         self.params = _trainable(draft)
-        self.opt, self.sched = _optimizer(self.params, cfg)
+        self.opt, self.sched = _optimizer(param_groups(draft, cfg), cfg)
         self._dp = dist.get_world_size(group) if dist.is_initialized() and group is not None else 1
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -190,7 +203,7 @@ class DeepSpeedBackend:
         self.cfg = cfg
         self._dp = dist.get_world_size(group) if group is not None else 1
         params = _trainable(draft)
-        opt, sched = _optimizer(params, cfg)
+        opt, sched = _optimizer(param_groups(draft, cfg), cfg)
         self.config = deepspeed_config(cfg, self._dp, micro_batch, bf16)
         # DeepSpeed picks its GPU from LOCAL_RANK; ranks sharing a GPU (or a placement that is
         # not LOCAL_RANK) need the draft's own device named explicitly.
