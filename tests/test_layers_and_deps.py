@@ -57,3 +57,45 @@ def test_varlen_sdpa_excludes_cudnn_and_keeps_results():
         assert not torch.backends.cuda.cudnn_sdp_enabled()
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(out, ref)
+
+
+def test_training_attention_repeats_grouped_kv_under_a_mask_and_computes_the_same(monkeypatch):
+    """With a mask, training hands SDPA K/V repeated to the query heads (CUDA serves grouped K/V
+    plus a mask only with its math kernel); serving keeps `enable_gqa`. Same outputs and grads."""
+    import torch
+    import torch.nn.functional as F
+
+    from splitserve.models import layers
+    from splitserve.models.layers import InjectedAttention, Rotary
+
+    torch.manual_seed(0)
+    attn = InjectedAttention(dim=32, n_heads=4, n_kv_heads=2, head_dim=8, eps=1e-6)
+    b, c, q_len = 2, 6, 5
+    x, h_ctx = torch.randn(b, q_len, 32), torch.randn(b, c, 32)
+    cos, sin = Rotary(8, 10000.0)(torch.arange(c + q_len).expand(b, -1))
+    mask = torch.rand(b, 1, q_len, c + q_len) > 0.3
+    mask[..., c:] = True  # every position sees its block
+
+    seen = []
+    real_sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((k.shape[1], kw.get("enable_gqa", False)))
+        return real_sdpa(q, k, v, **kw)
+
+    monkeypatch.setattr(layers.F, "scaled_dot_product_attention", spy)
+
+    def run(training: bool):
+        attn.train(training)
+        attn.zero_grad()
+        ctx_k, ctx_v = attn.project_context(h_ctx, cos[:, :, :c], sin[:, :, :c])
+        out = attn(x, ctx_k, ctx_v, cos[:, :, c:], sin[:, :, c:], mask)
+        out.square().sum().backward()
+        return out.detach(), [p.grad.clone() for p in attn.parameters()]
+
+    out_train, grads_train = run(True)
+    out_eval, grads_eval = run(False)
+    assert seen == [(4, False), (2, True)]
+    torch.testing.assert_close(out_train, out_eval)
+    for g_train, g_eval in zip(grads_train, grads_eval):
+        torch.testing.assert_close(g_train, g_eval)

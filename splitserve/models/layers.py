@@ -94,7 +94,15 @@ class InjectedAttention(nn.Module):
         k_blk, v_blk = self._kv(x, cos, sin)
         k = torch.cat([ctx_k, k_blk], dim=2)  # (B, Hkv, C+Q, hd)
         v = torch.cat([ctx_v, v_blk], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        if mask is not None and self.training and self.n_heads != self.n_kv_heads:
+            # Training: with a mask, CUDA's SDPA serves grouped K/V only through its math kernel,
+            # which keeps fp32 scores of (B, H, Q, C+Q) per layer for backward (16 GiB at 8K context
+            # and 512 anchors). Repeated K/V ((B, H, C+Q, hd), small) reach the memory-efficient one.
+            rep = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:  # serving and evaluation: no extra copies (the round is launch-bound)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
