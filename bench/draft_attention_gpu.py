@@ -2,6 +2,7 @@
 to the query heads, under the backends training allows (target/sdpa.py: no cuDNN).
 
     python bench/draft_attention_gpu.py --context 8192 --positions 4096 --out attn.json
+    python bench/draft_attention_gpu.py --device cpu --context 256 --positions 128   (smoke test)
 
 Shapes are the SmolLM2-135M draft's (9 query heads, 3 KV heads, head dim 64, bf16): `--positions`
 block positions (anchors x γ) attend to `--context` context positions plus the block positions,
@@ -27,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from splitserve.target.sdpa import varlen_sdpa  # noqa: E402
 
 
-def inputs(context: int, positions: int, heads: int = 9, kv_heads: int = 3, hd: int = 64):
-    dev, dt = torch.device("cuda"), torch.bfloat16
+def inputs(context: int, positions: int, dev: torch.device, heads: int = 9, kv_heads: int = 3, hd: int = 64):
+    dt = torch.bfloat16
     q = torch.randn(1, heads, positions, hd, device=dev, dtype=dt, requires_grad=True)
     k = torch.randn(1, kv_heads, context + positions, hd, device=dev, dtype=dt, requires_grad=True)
     v = torch.randn(1, kv_heads, context + positions, hd, device=dev, dtype=dt, requires_grad=True)
@@ -62,30 +63,38 @@ def accepted_by(form: str, q, k, v, mask) -> list[str]:
 
 
 def measure(form: str, q, k, v, mask, reps: int = 5) -> dict:
+    cuda = q.is_cuda
     with varlen_sdpa():
         for _ in range(2):
             call(form, q, k, v, mask).float().sum().backward()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
         for _ in range(reps):
             call(form, q, k, v, mask).float().sum().backward()
-        torch.cuda.synchronize()
-    return {"fwd_bwd_ms": (time.perf_counter() - t0) / reps * 1e3,
-            "peak_GiB_above_inputs": (torch.cuda.max_memory_allocated() - base) / 2**30}
+        if cuda:
+            torch.cuda.synchronize()
+    out = {"fwd_bwd_ms": (time.perf_counter() - t0) / reps * 1e3}
+    if cuda:
+        out["peak_GiB_above_inputs"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--context", type=int, default=8192)
     ap.add_argument("--positions", type=int, default=4096)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (no memory figures)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    q, k, v, mask = inputs(args.context, args.positions)
+    dev = torch.device(args.device)
+    q, k, v, mask = inputs(args.context, args.positions, dev)
     with torch.no_grad():
         a, b = call("gqa", q, k, v, mask), call("repeat", q, k, v, mask)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "context": args.context,
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    result = {"device": name, "torch": torch.__version__, "context": args.context,
               "positions": args.positions, "max_abs_diff_gqa_vs_repeat": (a.float() - b.float()).abs().max().item()}
     for form in ("gqa", "repeat"):
         result[form] = {"backends_accepting": accepted_by(form, q, k, v, mask), **measure(form, q, k, v, mask)}
