@@ -266,6 +266,19 @@ def run_ranks(fn, world: int) -> dict:
     return done
 
 
+def _send_until_stopped(ch: P2PChannel, out: dict) -> None:
+    """Producer side of the early-stop scenario: send until the consumer stops the channel;
+    send() raises ConsumerStopped and close() (the with block) still ends cleanly."""
+    sent = 0
+    with ch:
+        try:
+            for k in range(200):
+                ch.send(make_record(k, 4))
+                sent += 1
+        except ConsumerStopped:
+            out["stopped_after"] = sent
+
+
 def _recv_bf16_then_error(ch: P2PChannel, out: dict) -> None:
     """Consumer end of the phase where the producer sends records 50 (6 tokens) and 51 (empty)
     in bf16, then fails: out["bf16_ok"], and out["error"] once recv() raises ProducerError."""
@@ -299,14 +312,7 @@ def _pair_ranks(rank: int) -> dict:
         ch.close()
         out["stats"] = ch.stats().as_dict()
         # The consumer stops early: send() raises, close() still ends cleanly.
-        sent = 0
-        with P2PChannel(1, "producer", spec(), tag=2) as ch:
-            try:
-                for k in range(200):
-                    ch.send(make_record(k, 4))
-                    sent += 1
-            except ConsumerStopped:
-                out["stopped_after"] = sent
+        _send_until_stopped(P2PChannel(1, "producer", spec(), tag=2), out)
         # bf16 on the wire from a slow producer, then a producer failure.
         ch = P2PChannel(1, "producer", spec(torch.bfloat16), tag=3)
         time.sleep(0.3)  # the consumer is already waiting: this must show as its recv_wait_s
@@ -478,14 +484,7 @@ def _planes_ranks(rank: int) -> dict:
         ch.close()
         out["stats"] = ch.stats().as_dict()
         phase("records")
-        sent = 0
-        with P2PChannel(1, "producer", spec(), tag=2, **kw) as ch:
-            try:
-                for k in range(200):
-                    ch.send(make_record(k, 4))
-                    sent += 1
-            except ConsumerStopped:
-                out["stopped_after"] = sent
+        _send_until_stopped(P2PChannel(1, "producer", spec(), tag=2, **kw), out)
         phase("stop")
         ch = P2PChannel(1, "producer", spec(torch.bfloat16), tag=3, **kw)
         ch.send(make_record(50, 6))

@@ -64,11 +64,10 @@ def param_groups(draft: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
     (when that is not 1), everything else at `lr`. The schedule scales every group alike."""
     markov = getattr(draft, "markov", None)
     head = {id(p) for p in markov.parameters()} if markov is not None and cfg.markov_lr_scale != 1.0 else set()
-    rest = [p for p in _trainable(draft) if id(p) not in head]
-    groups = [{"params": rest, "lr": cfg.lr}]
+    trainable = _trainable(draft)
+    groups = [{"params": [p for p in trainable if id(p) not in head], "lr": cfg.lr}]
     if head:
-        groups.append({"params": [p for p in markov.parameters() if p.requires_grad],
-                       "lr": cfg.lr * cfg.markov_lr_scale})
+        groups.append({"params": [p for p in trainable if id(p) in head], "lr": cfg.lr * cfg.markov_lr_scale})
     return groups
 
 
