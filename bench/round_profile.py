@@ -72,7 +72,8 @@ def component_costs(engine: Engine, prompt: list[int], iters: int) -> dict:
 
     def draft_only():
         p = e.seq_len
-        tok, _, _ = e.draft.draft(e.ctx.window(w), e.anchor, p, 0.0, e.generator, ctx_mask=e.ctx.block_mask(p, w))
+        tok, _, _ = e.draft.draft(e.ctx.window(w), e.anchor, p, 0.0, e.generator, ctx_mask=e.ctx.block_mask(p, w),
+                                  markov_topk=e.cfg.markov_topk)
         d_out.copy_(tok)
 
     def verify_only():  # the target on [x_p, d_1..d_γ] at p..p+γ (writes cache slots the next round overwrites)
@@ -182,18 +183,21 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="EngineConfig.compile_backend='inductor'")
     ap.add_argument("--min-window", type=int, default=EngineConfig.min_window,
                     help="EngineConfig.min_window (0: attend to the whole cache every step)")
+    ap.add_argument("--markov-topk", type=int, default=EngineConfig.markov_topk,
+                    help="EngineConfig.markov_topk (0: the exact Markov stage)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from splitserve.train.heldout import load_prompt_ids
 
     target, draft = load_models(ModelsConfig(draft=args.draft, device=args.device))
     engine = Engine(target, draft, EngineConfig(max_context=args.max_context, min_window=args.min_window,
+                                                markov_topk=args.markov_topk,
                                                 compile_backend="inductor" if args.compile else None))
     prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
     params = SamplingParams(max_tokens=args.max_tokens, eos_ids=eos_ids(target))
     on_gpu = engine.device.type == "cuda"
     res = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
-           "compile": args.compile, "min_window": args.min_window,
+           "compile": args.compile, "min_window": args.min_window, "markov_topk": args.markov_topk,
            "gamma": engine.gamma, "max_context": engine.max_context, "draft": args.draft, "dtype": str(target.dtype)}
     res.update(component_costs(engine, prompts[0], args.iters))
     for mode in ("spec", "ar"):  # warm-up request first: graph capture

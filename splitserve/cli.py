@@ -301,6 +301,9 @@ def _models_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-window", type=int, default=EngineConfig.min_window,
                    help="attend to the first W cache slots only, W = min-window * 2^k covering the request "
                         "(one CUDA graph per W); 0: the whole --max-context every step")
+    p.add_argument("--markov-topk", type=int, default=EngineConfig.markov_topk,
+                   help="greedy rounds: run the Markov stage over each position's K best backbone candidates "
+                        "(output unchanged); 0: the exact stage over the whole vocab")
 
 
 def _models_and_engine(args):
@@ -309,7 +312,8 @@ def _models_and_engine(args):
     return (ModelsConfig(draft=args.draft, target=args.target, device=args.device, dtype=args.dtype),
             EngineConfig(max_context=args.max_context, use_cuda_graphs=not args.no_cuda_graphs,
                          verify_kernel=args.verify_kernel, verify_schedule=args.verify_schedule,
-                         compile_backend="inductor" if args.compile else None, min_window=args.min_window))
+                         compile_backend="inductor" if args.compile else None, min_window=args.min_window,
+                         markov_topk=args.markov_topk))
 
 
 def serve_main(argv: list[str]) -> None:

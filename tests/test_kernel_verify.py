@@ -32,7 +32,7 @@ def _cases(seed: int, gamma: int, vocab: int):
     return logits, draft
 
 
-@pytest.mark.parametrize("gamma, vocab", [(1, 7), (4, 100), (7, 3000), (8, 1024), (15, 2500)])
+@pytest.mark.parametrize("gamma, vocab", [(1, 7), (4, 100), (7, 3000), (8, 1024), (15, 2500), (16, 5000)])
 def test_greedy_kernel_matches_reference(gamma, vocab):
     for seed in range(6):
         logits, draft = _cases(seed, gamma, vocab)

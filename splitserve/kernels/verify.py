@@ -55,26 +55,35 @@ def sampling_verify(
 if HAS_TRITON:
 
     @triton.jit
-    def _greedy_kernel(logits_ptr, stride_row, V, draft_ptr, gamma, argmax_ptr, first_miss_ptr,
-                       BLOCK: tl.constexpr):
-        # One program per verify row r = 0..γ: argmax over V in tiles (first index on ties,
-        # like torch.argmax), then row r < γ votes "first mismatch" with an atomic min.
-        row = tl.program_id(0)
-        best_val = tl.full([], float("-inf"), tl.float32)
-        best_idx = tl.zeros([], dtype=tl.int32)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            x = tl.load(logits_ptr + row * stride_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-            tile_max = tl.max(x, 0)
-            tile_idx = tl.argmax(x, 0, tie_break_left=True).to(tl.int32) + start
-            better = tile_max > best_val  # strict: an earlier tile keeps ties
-            best_idx = tl.where(better, tile_idx, best_idx)
-            best_val = tl.where(better, tile_max, best_val)
-        tl.store(argmax_ptr + row, best_idx)
-        if row < gamma:
-            d = tl.load(draft_ptr + row).to(tl.int32)
-            if d != best_idx:
-                tl.atomic_min(first_miss_ptr, row)
+    def _chunk_argmax_kernel(logits_ptr, stride_row, V, val_ptr, idx_ptr, chunks, BLOCK: tl.constexpr):
+        # Program (r, c): max and argmax of row r over vocab chunk c (first index on ties).
+        # Splitting each row over many programs keeps the read parallel: one program per row
+        # walking 48 tiles of SmolLM2's vocab in turn took 26 us of a 2.2 ms round on an H200.
+        row, chunk = tl.program_id(0), tl.program_id(1)
+        offs = chunk * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(logits_ptr + row * stride_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        tl.store(val_ptr + row * chunks + chunk, tl.max(x, 0))
+        tl.store(idx_ptr + row * chunks + chunk, tl.argmax(x, 0, tie_break_left=True).to(tl.int32) + chunk * BLOCK)
+
+    @triton.jit
+    def _greedy_finish_kernel(val_ptr, idx_ptr, chunks, draft_ptr, gamma, out_ptr,
+                              RB: tl.constexpr, CB: tl.constexpr):
+        # One program: per row the first chunk holding the row's max (so the first index
+        # overall, like torch.argmax), then n = the first row r < γ whose argmax is not d_{r+1},
+        # and the bonus argmax of row n.
+        r = tl.arange(0, RB)[:, None]
+        c = tl.arange(0, CB)[None, :]
+        inside = (r <= gamma) & (c < chunks)
+        vals = tl.load(val_ptr + r * chunks + c, mask=inside, other=float("-inf"))
+        idxs = tl.load(idx_ptr + r * chunks + c, mask=inside, other=0)
+        best = tl.argmax(vals, 1, tie_break_left=True)  # (RB,)
+        top = tl.sum(tl.where(c == best[:, None], idxs, 0), 1)  # (RB,): argmax of each row
+        rows = tl.arange(0, RB)
+        d = tl.load(draft_ptr + rows, mask=rows < gamma, other=-1).to(tl.int32)
+        miss = (rows < gamma) & (d != top)
+        n = tl.min(tl.where(miss, rows, gamma), 0)
+        tl.store(out_ptr, n.to(tl.int64))
+        tl.store(out_ptr + 1, tl.sum(tl.where(rows == n, top, 0), 0).to(tl.int64))
 
     @triton.jit
     def _sampling_kernel(draft_ptr, p_ptr, q_ptr, u_ptr, e_ptr, out_ptr, gamma, V, stride_p, stride_q,
@@ -123,12 +132,14 @@ if HAS_TRITON:
 def greedy_verify_triton(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     rows, vocab = target_logits.shape  # γ+1, V
     logits = target_logits.contiguous()
-    argmax = torch.empty(rows, dtype=torch.int32, device=logits.device)
-    first_miss = torch.full((1,), rows - 1, dtype=torch.int32, device=logits.device)  # γ: all accepted
-    _greedy_kernel[(rows,)](logits, logits.stride(0), vocab, draft_tokens.contiguous(), rows - 1, argmax,
-                            first_miss, BLOCK=BLOCK_V)
-    n = first_miss[0].long()
-    return n, reference.at(argmax.long(), n)
+    chunks = triton.cdiv(vocab, BLOCK_V)
+    vals = torch.empty(rows, chunks, dtype=torch.float32, device=logits.device)  # (γ+1, chunks)
+    idxs = torch.empty(rows, chunks, dtype=torch.int32, device=logits.device)
+    out = torch.empty(2, dtype=torch.int64, device=logits.device)  # n, bonus
+    _chunk_argmax_kernel[(rows, chunks)](logits, logits.stride(0), vocab, vals, idxs, chunks, BLOCK=BLOCK_V)
+    _greedy_finish_kernel[(1,)](vals, idxs, chunks, draft_tokens.contiguous(), rows - 1, out,
+                                RB=triton.next_power_of_2(rows), CB=triton.next_power_of_2(chunks))
+    return out[0], out[1]
 
 
 def sampling_verify_triton(

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from splitserve.models.candidate_chain import candidate_chain, supports_candidates
 from splitserve.models.heads import ConfidenceHead, MarkovHead
 from splitserve.models.layers import DraftLayer, RMSNorm, Rotary
 
@@ -171,6 +172,7 @@ class DSparkDraft(nn.Module):
         temperature: float = 0.0,
         generator: torch.Generator | None = None,
         ctx_mask: torch.Tensor | None = None,
+        markov_topk: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Draft γ tokens after the anchor.
 
@@ -180,6 +182,9 @@ class DSparkDraft(nn.Module):
         ctx_mask: None when ctx_kv holds exactly the committed positions before the anchor;
         else (1, 1, γ, C+γ) bool, which context slots the block may see (a preallocated
         context buffer holds stale and unwritten slots too).
+        markov_topk: greedy only; K > 0 runs the Markov stage over each position's K best
+        backbone candidates (models/candidate_chain.py: a few launches instead of 3 per
+        position; identical tokens whenever each argmax lies among them). 0: the exact stage.
         Returns tokens (γ,), draft probabilities (γ, V) at this temperature (None when greedy),
         confidence c_k (γ,) or None.
         """
@@ -188,14 +193,16 @@ class DSparkDraft(nn.Module):
         pos = (anchor_pos + torch.arange(gamma, device=block_ids.device))[None]  # (1, γ)
         h = self.backbone(block_ids, pos, ctx_kv, ctx_mask)[0]  # (γ, D)
         base = self.lm_head(h)  # (γ, V): U_k, computed in parallel
+        if temperature <= 0 and self.markov is None:  # no sequential stage: one argmax
+            return self._finish(h, anchor_id, base.argmax(-1), None)
+        if temperature <= 0 and 0 < markov_topk < base.shape[-1] and supports_candidates(self.markov):
+            return self._finish(h, anchor_id, candidate_chain(self.markov, base, h, anchor_id, markov_topk), None)
         tokens = anchor_id.new_empty(gamma)
         probs = [] if temperature > 0 else None
         prev = anchor_id.view(1)
-        prevs = []
         state = self.markov.init_state(h[:1]) if self.markov is not None else None  # (1, r) for rnn
         # Sequential stage: x_k ~ softmax(U_k + B_k), B_k from x_{k-1} (and the rnn state), k = 1..γ.
         for k in range(gamma):
-            prevs.append(prev)
             logit = base[k]
             if self.markov is not None:
                 state, z = self.markov.step(state, prev, h[k : k + 1])  # z: (1, r)
@@ -208,7 +215,11 @@ class DSparkDraft(nn.Module):
                 tok = logit.argmax(-1, keepdim=True)
             tokens[k] = tok[0]
             prev = tok
-        conf = self.confidence_logit(h, torch.cat(prevs))
-        return tokens, (torch.stack(probs) if probs is not None else None), (
-            torch.sigmoid(conf) if conf is not None else None
-        )
+        return self._finish(h, anchor_id, tokens, torch.stack(probs) if probs is not None else None)
+
+    def _finish(
+        self, h: torch.Tensor, anchor_id: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Attach the confidences c_k, which see x_{k-1}: h (γ, D), tokens (γ,)."""
+        conf = self.confidence_logit(h, torch.cat([anchor_id.view(1), tokens[:-1]]))
+        return tokens, probs, (torch.sigmoid(conf) if conf is not None else None)

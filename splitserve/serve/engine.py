@@ -126,6 +126,8 @@ class Engine:
         self.windows = attention_windows(cfg.min_window, self.capacity)
         # one graph per (mode, temperature, window): room for a few temperatures per mode
         self.graphs = StepGraphs(cfg.use_cuda_graphs, dev, self.generator, max_graphs=8 * len(self.windows))
+        if cfg.markov_topk < 0:
+            raise ValueError(f"markov_topk must be >= 0 (0: the exact Markov stage), got {cfg.markov_topk}")
         if cfg.verify_kernel not in ("auto", "torch"):
             raise ValueError(f"verify_kernel must be auto or torch, got {cfg.verify_kernel!r}")
         impl = verify_kernels if cfg.verify_kernel == "auto" else verify_reference
@@ -166,7 +168,7 @@ class Engine:
         p = self.seq_len  # (); p + γ < window
         d_tok, d_prob, conf = self.draft.draft(
             self.ctx.window(window), self.anchor, p, temperature, self.generator,
-            ctx_mask=self.ctx.block_mask(p, window),
+            ctx_mask=self.ctx.block_mask(p, window), markov_topk=self.cfg.markov_topk,
         )  # (γ,), (γ, V) | None, (γ,) | None
         pos = p + self._offsets  # (γ+1,)
         verify_in = torch.cat([self.anchor.view(1), d_tok])  # (γ+1,): x_p, d_1..d_γ
