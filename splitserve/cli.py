@@ -303,7 +303,7 @@ def _models_args(p: argparse.ArgumentParser) -> None:
                         "(one CUDA graph per W); 0: the whole --max-context every step")
     p.add_argument("--markov-topk", type=int, default=EngineConfig.markov_topk,
                    help="greedy rounds: run the Markov stage over each position's K best backbone candidates "
-                        "(output unchanged); 0: the exact stage over the whole vocab")
+                        "(output unchanged, τ may drop); 0: the exact stage over the whole vocab")
 
 
 def _models_and_engine(args):

@@ -2,9 +2,9 @@
 
 The exact greedy stage (DSparkDraft.draft) runs γ dependent steps, each an (r x V) product and
 an argmax over V. At batch 1 on a small target that is γ x 3 launches and γ reads of the head's
-V x r matrix per round: for SmolLM2 (r=256, V=49,152, γ=16) about 0.2 ms of a 2.2 ms round
-(docs/results/engine_h200.md). Keeping only the K largest backbone logits of each position
-makes every score the chain can need computable in parallel before it starts:
+V x r matrix per round: for SmolLM2 (r=256, V=49,152, γ=16) about 0.2 ms of a 2.2 ms round.
+Keeping only the K largest backbone logits of each position makes every score the chain can
+need computable in parallel before it starts:
 
     first[j]          = U_1[c_1j] + B(x0, c_1j)
     trans[k-1][i, j]  = B(c_{k-1,i} -> c_{k,j})     bias of candidate j at k given candidate i at k-1
@@ -14,8 +14,11 @@ one batched (γ-1, K, r) x (γ-1, r, K) product. The chain is then γ argmaxes o
 
 It gives the exact stage's tokens whenever each argmax of U_k + B_k lies among U_k's top K
 (always when K = V). It is a drafting choice only: greedy verification commits the target's own
-tokens whatever the draft proposes, so the output cannot change; only τ could. Heads whose bias
-depends on the path beyond the previous token (rnn) keep the exact stage.
+tokens whatever the draft proposes, so the output cannot change; only τ can. And it does: a
+trained head often lifts a token the backbone ranks far lower, so on an H200 with a trained γ=16
+SmolLM2 draft K=256 saved 0.18 ms per round but lost 11% of τ (docs/results/engine_h200.md).
+It is therefore opt-in (EngineConfig.markov_topk). Heads whose bias depends on the path beyond
+the previous token (rnn) keep the exact stage.
 Glossary: γ block size, K candidates per position, V vocab, r Markov rank, D draft hidden size.
 """
 

@@ -90,9 +90,7 @@ def _engine_decoder(target, draft, max_new_tokens, temperature, seed, eos_ids, r
 
     if next(draft.parameters()).dtype != target.dtype:
         draft = copy.deepcopy(draft).to(target.dtype)
-    # The exact Markov stage: τ here measures the trained draft itself, not a serving shortcut.
-    cfg = EngineConfig(max_context=max_prompt + max_new_tokens, seed=seed, record_confidence=record_confidence,
-                       markov_topk=0)
+    cfg = EngineConfig(max_context=max_prompt + max_new_tokens, seed=seed, record_confidence=record_confidence)
     engine = Engine(target, draft, cfg)
     params = SamplingParams(max_new_tokens, temperature, eos_ids=frozenset(eos_ids or ()))
 
