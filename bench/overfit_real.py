@@ -64,7 +64,8 @@ def main() -> None:
         out.total.backward()
         opt.step()
         if step % 20 == 0 or step == args.steps - 1:
-            print(f"step {step:4d} loss {out.metrics()['loss']:.4f} alpha {out.metrics()['alpha']:.3f} ({time.time() - t0:.0f}s)",
+            m = out.metrics()
+            print(f"step {step:4d} loss {m['loss']:.4f} alpha {m['alpha']:.3f} ({time.time() - t0:.0f}s)",
                   flush=True)
     # Every round's block must stay inside the trained sequence: stop γ+1 tokens short of its end.
     gen = args.new_tokens - (args.gamma + 1)

@@ -87,7 +87,7 @@ def main() -> None:
         batch = collate([rec], dev, torch.bfloat16)
         gen = torch.Generator().manual_seed(0)
 
-        def step():
+        def step(draft=draft, batch=batch, opt=opt):  # bound now: the names are deleted after this γ
             out, _ = draft_loss(draft, batch, args.anchors, LossConfig(), gen)
             opt.zero_grad(set_to_none=True)
             out.total.backward()

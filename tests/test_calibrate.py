@@ -40,7 +40,8 @@ def test_prefix_survival_by_hand():
     assert prefix_acceptance(accepts, 3).tolist() == [[0, 0, 0], [1, 1, 0], [1, 1, 1]]
     logits = torch.zeros(1, 3)  # c = .5 everywhere
     assert survival(logits)[0].tolist() == pytest.approx([0.5, 0.25, 0.125])
-    assert survival(torch.tensor([[2.0]]), torch.tensor([2.0])).item() == pytest.approx(torch.sigmoid(torch.tensor(1.0)).item())
+    want = torch.sigmoid(torch.tensor(1.0)).item()
+    assert survival(torch.tensor([[2.0]]), torch.tensor([2.0])).item() == pytest.approx(want)
 
 
 def _synthetic_rounds(n: int, true_temps: torch.Tensor, seed: int = 0):
@@ -98,7 +99,8 @@ def test_calibration_survives_export(tmp_path):
     run_dir.mkdir()
     fits = calibrate_run(run_dir, target, draft, prompts, [0.0, 1.0], max_new_tokens=24, n_bins=5)
     cal = load_calibration(run_dir)
-    assert [f["sampling_temperature"] for f in cal["fits"]] == [0.0, 1.0] and cal["fits"] == json.loads(json.dumps(fits))
+    assert [f["sampling_temperature"] for f in cal["fits"]] == [0.0, 1.0]
+    assert cal["fits"] == json.loads(json.dumps(fits))
     for f in fits:
         assert len(f["temperatures"]) == 4 and f["rounds"] > 0
         assert f["ece_after"] <= f["ece_before"] + 1e-9  # T = 1 is on the grid

@@ -178,7 +178,8 @@ def test_max_turns_and_max_length(sharp_smol, chat_file, tmp_path):
     cut = run_gen(_cfg(sharp_smol, chat_file, short, max_length=30), progress=False)
     assert (cut.written, cut.too_long, cut.turns) == (2, 3, 2)
     conv3 = json.loads(short.read_text().splitlines()[0])
-    assert conv3["gen"]["source_row"] == "conv-3" and [m["role"] for m in conv3["messages"]][-2:] == ["user", "assistant"]
+    assert conv3["gen"]["source_row"] == "conv-3"
+    assert [m["role"] for m in conv3["messages"]][-2:] == ["user", "assistant"]
     assert len(conv3["messages"]) == 3
 
 

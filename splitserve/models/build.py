@@ -52,7 +52,8 @@ def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokeniz
         rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
         rope_theta=float(rope),
         block_size=cfg.block_size,
-        mask_token_id=cfg.mask_token_id if cfg.mask_token_id is not None else pick_mask_token(tokenizer, info.vocab_size),
+        mask_token_id=(cfg.mask_token_id if cfg.mask_token_id is not None
+                       else pick_mask_token(tokenizer, info.vocab_size)),
         target_layer_ids=tuple(info.layer_ids),
         markov_rank=cfg.markov_rank,
         markov_head_type=cfg.markov_head_type,

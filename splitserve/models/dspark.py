@@ -96,7 +96,8 @@ class DSparkDraft(nn.Module):
     @torch.no_grad()
     def load_shared(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         """Copy the target's token embedding and lm_head (both (V, D)) into the frozen slots."""
-        for name, w, slot in (("embedding", embed_weight, self.embed_tokens), ("lm_head", lm_head_weight, self.lm_head)):
+        pairs = (("embedding", embed_weight, self.embed_tokens), ("lm_head", lm_head_weight, self.lm_head))
+        for name, w, slot in pairs:
             if tuple(w.shape) != tuple(slot.weight.shape):
                 raise ValueError(
                     f"target {name} has shape {tuple(w.shape)}, draft expects {tuple(slot.weight.shape)}"

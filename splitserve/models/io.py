@@ -38,7 +38,9 @@ def read_draft_meta(path: str | Path) -> tuple[DSparkArch, str, str | None]:
         if ARCHITECTURE not in (raw.get("architectures") or []):
             raise ValueError(f"{path}/config.json is not a DSpark draft (architectures={raw.get('architectures')})")
         return DSparkConfig.from_pretrained(path).to_arch(), "export", None
-    raise FileNotFoundError(f"{path} is neither a splitserve run directory ({ARCH_FILE}) nor a DSpark export (config.json)")
+    raise FileNotFoundError(
+        f"{path} is neither a splitserve run directory ({ARCH_FILE}) nor a DSpark export (config.json)"
+    )
 
 
 def load_draft(path: str | Path, target, checkpoint: str | Path | None = None) -> DSparkDraft:

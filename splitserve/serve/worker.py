@@ -68,7 +68,8 @@ class EngineWorker:
                 continue
             self.metrics.gauge("running", +1)
             try:
-                stats = self.engine.generate(job.prompt_ids, job.params, on_tokens=lambda toks, j=job: self._emit(j, toks))
+                stats = self.engine.generate(job.prompt_ids, job.params,
+                                             on_tokens=lambda toks, j=job: self._emit(j, toks))
                 if stats.finish_reason == "cancelled":
                     stats.finish_reason = job.cancel_reason
                 self.metrics.observe(stats)

@@ -102,10 +102,14 @@ def load_weights(ckpt: Path, draft) -> None:
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"checkpoint {path} does not fit this draft: missing={missing[:5]} unexpected={unexpected[:5]}")
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this draft: missing={missing[:5]} unexpected={unexpected[:5]}"
+        )
     for k, v in weights.items():
         if v.shape != expected[k].shape:
-            raise CheckpointError(f"checkpoint {path}: {k} has shape {tuple(v.shape)}, draft expects {tuple(expected[k].shape)}")
+            raise CheckpointError(
+                f"checkpoint {path}: {k} has shape {tuple(v.shape)}, draft expects {tuple(expected[k].shape)}"
+            )
     draft.load_state_dict(weights, strict=False)
 
 
