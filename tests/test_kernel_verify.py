@@ -1,4 +1,5 @@
-"""Triton verify kernels agree with the PyTorch reference (spec/verify.py) exactly.
+"""Triton kernels agree with their PyTorch references exactly: the verify kernels (spec/verify.py)
+and the Markov candidate chain (models/candidate_chain.py).
 
 Runs on CUDA, or on the CPU under TRITON_INTERPRET=1 when triton is installed; skipped otherwise.
 """
@@ -8,6 +9,7 @@ import os
 import pytest
 import torch
 
+from splitserve.models.candidate_chain import chain_argmax_reference
 from splitserve.spec import verify as ref
 
 kernels = pytest.importorskip("splitserve.kernels.verify")
@@ -62,3 +64,20 @@ def test_sampling_kernel_matches_reference(gamma, vocab):
 def test_dispatch_falls_back_to_reference_off_cuda():
     logits, draft = _cases(0, 4, 50)
     assert [int(x) for x in kernels.greedy_verify(draft, logits)] == [int(x) for x in ref.greedy_verify(draft, logits)]
+
+
+@pytest.mark.parametrize("gamma, k", [(2, 1), (4, 3), (8, 64), (16, 64), (16, 100)])
+def test_chain_kernel_matches_reference(gamma, k):
+    from splitserve.kernels.chain import chain_argmax_triton
+
+    for seed in range(5):
+        g = torch.Generator().manual_seed(seed)
+        first, vals = torch.randn(k, generator=g), torch.randn(gamma - 1, k, generator=g)
+        trans = torch.randn(gamma - 1, k, k, generator=g)
+        if seed == 0:  # exact ties: the first index wins
+            first[:] = 1.0
+            vals[:] = 0.0
+            trans[:] = 0.0
+        want = chain_argmax_reference(first, vals, trans)
+        got = chain_argmax_triton(first.to(DEV), vals.to(DEV), trans.to(DEV))
+        assert got.cpu().tolist() == want.tolist()

@@ -5,7 +5,7 @@ argmax steps, 2-3 launches each. Here one program holds K lanes and walks the bl
 reads one row of the transition table, adds the candidates' own logits and takes the argmax
 (first index on ties, like torch.argmax), so the chain costs one launch whatever γ is.
 `chain_argmax` dispatches: Triton on CUDA tensors when triton is importable, the reference
-otherwise. tests/test_candidate_chain.py checks they agree.
+otherwise. tests/test_kernel_verify.py checks they agree.
 """
 
 from __future__ import annotations

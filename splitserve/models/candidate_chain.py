@@ -58,5 +58,5 @@ def candidate_chain(
     # z for position k+1 under each candidate previous token c_{k,i}: (γ-1, K, r)
     _, z = markov.step(None, cand[:-1], h[1:, None, :].expand(-1, k, -1))
     trans = torch.bmm(z, w2c[1:].transpose(1, 2)).float()  # (γ-1, K, K)
-    path = chain_argmax(first, vals[1:].float().contiguous(), trans.contiguous())  # (γ,)
+    path = chain_argmax(first, vals[1:].float(), trans)  # (γ,)
     return cand.gather(1, path[:, None])[:, 0]
