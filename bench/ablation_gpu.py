@@ -94,7 +94,8 @@ def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
         draft=DraftConfig(**_draft_conf(draft, rec["num_layers"], getattr(args, "markov_rank", None))),
         data=DataConfig(train_path=args.data, heldout_prompts=args.prompts, max_length=rec["max_length"]),
         loss=LossConfig(**_conf("loss", loss)),
-        train=TrainConfig(max_steps=args.max_steps, max_minutes=args.minutes, batch_size=rec["batch_size"],
+        train=TrainConfig(seed=getattr(args, "seed", TrainConfig.seed), max_steps=args.max_steps,
+                          max_minutes=args.minutes, batch_size=rec["batch_size"],
                           anchors_per_seq=rec["anchors_per_seq"], lr=rec["lr"], markov_lr_scale=rec["markov_lr_scale"],
                           warmup_steps=rec["warmup_steps"], log_every=args.log_every, save_every=args.save_every,
                           keep_checkpoints=0, device=args.device, precision="bf16" if cuda else "fp32"),
@@ -345,6 +346,8 @@ def main() -> None:
                    help="the Markov head's learning rate as a multiple of --lr (recipe: 1)")
     t.add_argument("--markov-rank", type=int, default=None,
                    help="the Markov head's rank r for the DSpark runs (conf: 256; DFlash keeps 0)")
+    t.add_argument("--seed", type=int, default=TrainConfig.seed,
+                   help="train.seed: initialisation, data order and anchors (another seed measures run-to-run noise)")
     t.add_argument("--num-prompts", type=int, default=40)
     t.add_argument("--max-new-tokens", type=int, default=96)
     e = sub.add_parser("eval")

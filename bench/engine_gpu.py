@@ -83,14 +83,13 @@ def smollm2(args) -> dict:
 
 
 def large(args) -> dict:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
+    from bench.roles_gpu import llama8b_shape
     from splitserve.config import TargetConfig
     from splitserve.target.hf import wrap_hf_model
 
-    cfg = LlamaConfig(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=128, intermediate_size=12288, vocab_size=151936, max_position_embeddings=32768,
-                      rope_theta=1e6, tie_word_embeddings=False)
+    cfg = llama8b_shape()
     t0 = time.time()
     with torch.device("cuda"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)

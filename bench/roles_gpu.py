@@ -31,6 +31,15 @@ def smollm2_shape():
                        rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)
 
 
+def llama8b_shape():
+    """An 8B-class Llama/Qwen3-like shape (36 layers, D 4096, GQA 32/8, FFN 12,288, V 151,936)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=12288, vocab_size=151936, max_position_embeddings=32768,
+                       rope_theta=1e6, tie_word_embeddings=False)
+
+
 def timed(fn, reps: int) -> float:
     """Median seconds of fn() over reps, with CUDA events."""
     times = []

@@ -14,6 +14,17 @@
    copies, memsets) over the decode window gives the GPU idle fraction; gaps between kernels are
    split into the gap at each round boundary (host read of the committed tokens, Python, the
    next graph launch) and gaps inside the graph, and the top kernels by total time are listed.
+
+A target too large to carry (the 8B-class shape of the issue) runs with random weights instead:
+
+    python bench/round_profile.py --random-shape llama-8b --project-tau 2.73 2.98 --out profile_8b.json \
+        [--draft-layers 4] [--block-size 16] [--prompt-len 300] [--compile]
+
+The draft is an untrained DSpark of the given depth and block (the default Markov head and
+confidence head), the prompts are random tokens, and EOS is ignored. Step time and in-round idle
+do not depend on the weights; acceptance does, so nothing is accepted and the speedup is a
+projection: τ · (AR TPOT) / (wall time per round), for each τ measured with the trained draft
+on the real target (--project-tau).
 """
 
 from __future__ import annotations
@@ -29,11 +40,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.roles_gpu import llama8b_shape, smollm2_shape  # noqa: E402
+from splitserve.serve.bench import synthetic_prompts  # noqa: E402
 from splitserve.serve.config import EngineConfig, ModelsConfig  # noqa: E402
 from splitserve.serve.engine import Engine, SamplingParams  # noqa: E402
 from splitserve.serve.graphs import StepGraphs  # noqa: E402
 from splitserve.serve.loading import load_models  # noqa: E402
 from splitserve.target.eos import eos_ids  # noqa: E402
+
+RANDOM_SHAPES = {"llama-8b": llama8b_shape, "smollm2": smollm2_shape}
 
 
 def time_graph(fn, iters: int, device: torch.device) -> float:
@@ -171,10 +186,34 @@ def idle_profile(engine: Engine, prompt: list[int], params: SamplingParams) -> d
     }
 
 
+def random_models(shape: str, draft_layers: int, block_size: int, device: str):
+    """A random-weight bf16 target of a named shape and an untrained DSpark draft for it."""
+    from transformers import LlamaForCausalLM
+
+    from splitserve.config import DraftConfig, TargetConfig
+    from splitserve.models.build import build_draft, resolve_arch
+    from splitserve.target.hf import wrap_hf_model
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(RANDOM_SHAPES[shape]()).to(torch.bfloat16)
+    target = wrap_hf_model(model.eval(), TargetConfig(name=f"{shape}-shape", dtype="bfloat16", device=device))
+    arch = resolve_arch(DraftConfig(block_size=block_size, num_layers=draft_layers), target.info,
+                        target.model.config, target.tokenizer)
+    return target, build_draft(arch, target).to(torch.bfloat16).eval()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--draft", required=True)
-    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--draft", help="a trained draft: run dir or export")
+    ap.add_argument("--prompts", help="held-out chat prompts (JSONL), with --draft")
+    ap.add_argument("--random-shape", choices=sorted(RANDOM_SHAPES),
+                    help="instead of --draft: this target shape with random weights and an untrained draft")
+    ap.add_argument("--draft-layers", type=int, default=4, help="with --random-shape")
+    ap.add_argument("--block-size", type=int, default=16, help="with --random-shape: γ")
+    ap.add_argument("--prompt-len", type=int, default=300, help="with --random-shape: random prompt tokens")
+    ap.add_argument("--project-tau", type=float, nargs="*", default=[],
+                    help="τ values measured elsewhere: project the speedup at this round cost")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-context", type=int, default=1024)
@@ -187,18 +226,30 @@ def main() -> None:
                     help="EngineConfig.markov_topk (0: the exact Markov stage)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from splitserve.train.heldout import load_prompt_ids
+    if (args.draft is None) == (args.random_shape is None):
+        ap.error("give exactly one of --draft (a trained draft) and --random-shape")
+    if args.draft is not None and args.prompts is None:
+        ap.error("--draft needs --prompts")
 
-    target, draft = load_models(ModelsConfig(draft=args.draft, device=args.device))
+    if args.random_shape:
+        target, draft = random_models(args.random_shape, args.draft_layers, args.block_size, args.device)
+        prompts = synthetic_prompts(target.info.vocab_size, args.num_prompts, args.prompt_len, 0,
+                                    {draft.arch.mask_token_id})
+        params = SamplingParams(max_tokens=args.max_tokens)  # no EOS: every request runs max_tokens
+    else:
+        from splitserve.train.heldout import load_prompt_ids
+
+        target, draft = load_models(ModelsConfig(draft=args.draft, device=args.device))
+        prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
+        params = SamplingParams(max_tokens=args.max_tokens, eos_ids=eos_ids(target))
     engine = Engine(target, draft, EngineConfig(max_context=args.max_context, min_window=args.min_window,
                                                 markov_topk=args.markov_topk,
                                                 compile_backend="inductor" if args.compile else None))
-    prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
-    params = SamplingParams(max_tokens=args.max_tokens, eos_ids=eos_ids(target))
     on_gpu = engine.device.type == "cuda"
     res = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
            "compile": args.compile, "min_window": args.min_window, "markov_topk": args.markov_topk,
-           "gamma": engine.gamma, "max_context": engine.max_context, "draft": args.draft, "dtype": str(target.dtype)}
+           "gamma": engine.gamma, "max_context": engine.max_context, "draft": args.draft or "untrained",
+           "random_shape": args.random_shape, "draft_layers": draft.arch.num_layers, "dtype": str(target.dtype)}
     res.update(component_costs(engine, prompts[0], args.iters))
     for mode in ("spec", "ar"):  # warm-up request first: graph capture
         engine.generate(prompts[0], params, mode=mode)
@@ -210,6 +261,9 @@ def main() -> None:
     res["graph_speedup"] = tau * res["t_decode_ms"] / res["t_round_ms"]  # the round graph as one unit
     res["measured_speedup"] = ar["mean_tpot_ms"] / spec["mean_tpot_ms"]
     res["measured_over_ideal"] = res["measured_speedup"] / res["ideal_speedup"]
+    # Projections (not measurements): a draft with this τ at this round cost.
+    res["projected"] = [{"tau": t, "speedup_over_ar": t * ar["mean_tpot_ms"] / spec["wall_per_step_ms"],
+                         "spec_tpot_ms": spec["wall_per_step_ms"] / t} for t in args.project_tau]
     res["profile"] = idle_profile(engine, prompts[0], params) if on_gpu else None
     print(json.dumps({k: v for k, v in res.items() if k != "profile"}, indent=1))
     print(json.dumps(res["profile"], indent=1))
