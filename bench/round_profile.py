@@ -138,6 +138,22 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
+def long_gap_neighbours(events: list[dict], boundary_starts: set, threshold_us: float, top: int = 12) -> list[dict]:
+    """The GPU gaps longer than threshold_us inside a graph (not at a round boundary), grouped by
+    the activity that ends before the gap and the one that starts after it: which graph nodes
+    the long gaps follow. events: chrome-trace "X" events (ts, dur, name), any order."""
+    evs = sorted(events, key=lambda ev: ev["ts"])
+    groups: dict[tuple[str, str], list[float]] = {}
+    end, before = None, None  # the latest end so far, and the activity that reached it
+    for ev in evs:
+        if end is not None and ev["ts"] - end > threshold_us and ev["ts"] not in boundary_starts:
+            groups.setdefault((before, ev["name"]), []).append(ev["ts"] - end)
+        if end is None or ev["ts"] + ev["dur"] > end:
+            end, before = ev["ts"] + ev["dur"], ev["name"]
+    rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return [{"before": b[:120], "after": a[:120], "count": len(g), "total_us": sum(g)} for (b, a), g in rows]
+
+
 def idle_profile(engine: Engine, prompt: list[int], params: SamplingParams) -> dict:
     """GPU activity of one spec request after its prefill (µs, from a chrome trace)."""
     from torch.profiler import ProfilerActivity, profile
@@ -164,6 +180,7 @@ def idle_profile(engine: Engine, prompt: list[int], params: SamplingParams) -> d
     starts = {min((a for a, _ in busy if a >= t), default=None) for t in launches}
     boundary = [g for g, end in gaps if end in starts]
     inside = [g for g, end in gaps if end not in starts]
+    long_inside = long_gap_neighbours([ev for ev in gpu if ev["ts"] >= t0], starts, threshold_us=5.0)
     kernels: dict[str, list[float]] = {}
     for ev in gpu:
         if ev["ts"] >= t0:
@@ -179,6 +196,7 @@ def idle_profile(engine: Engine, prompt: list[int], params: SamplingParams) -> d
         "boundary_gap_us_median": statistics.median(boundary) if boundary else None,
         "inside_gap_us_total": sum(inside),
         "inside_gaps_over_5us": sum(g > 5 for g in inside),
+        "inside_gaps_over_5us_by_neighbours": long_inside,
         "gpu_us_per_round": busy_us / max(rounds, 1),
         "kernels_per_round": sum(len(v) for v in kernels.values()) / max(rounds, 1),
         "top_kernels": [{"name": k[:120], "calls": len(v), "total_us": sum(v), "share": sum(v) / busy_us}
