@@ -52,49 +52,27 @@ def _engine_costs(target, draft, args) -> dict:
     return out
 
 
-def _untrained_draft(target, layers: int, gamma: int):
-    from splitserve.config import DraftConfig
-    from splitserve.models.build import build_draft, resolve_arch
-
-    torch.manual_seed(0)
-    arch = resolve_arch(DraftConfig(block_size=gamma, num_layers=layers), target.info, target.model.config,
-                        target.tokenizer)
-    return build_draft(arch, target).to(torch.bfloat16).eval()
-
-
 def smollm2(args) -> dict:
     """The embedded SmolLM2-135M, or (--random-smollm2) its shape with random weights, which needs
     no model files on the machine; step time does not depend on the weights."""
+    from bench.roles_gpu import random_target, untrained_draft
     from splitserve.config import TargetConfig
-    from splitserve.target.hf import load_hf_target, wrap_hf_model
+    from splitserve.target.hf import load_hf_target
 
     if args.random_smollm2:
-        from transformers import LlamaForCausalLM
-
-        from bench.roles_gpu import smollm2_shape
-
-        with torch.device("cuda"):
-            model = LlamaForCausalLM(smollm2_shape()).to(torch.bfloat16)
-        target = wrap_hf_model(model.eval(), TargetConfig(name="smollm2-shape", dtype="bfloat16", device="cuda"))
+        target = random_target("smollm2")
     else:
         target = load_hf_target(TargetConfig(dtype="bfloat16", device="cuda"))
-    draft = _untrained_draft(target, layers=1, gamma=8)
+    draft = untrained_draft(target, layers=1, gamma=8)
     return _engine_costs(target, draft, args)
 
 
 def large(args) -> dict:
-    from transformers import LlamaForCausalLM
+    from bench.roles_gpu import random_target, untrained_draft
 
-    from bench.roles_gpu import llama8b_shape
-    from splitserve.config import TargetConfig
-    from splitserve.target.hf import wrap_hf_model
-
-    cfg = llama8b_shape()
     t0 = time.time()
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16)
-    target = wrap_hf_model(model.eval(), TargetConfig(name="llama-8b-shape", dtype="bfloat16", device="cuda"))
-    draft = _untrained_draft(target, layers=5, gamma=8)
+    target = random_target("llama-8b")
+    draft = untrained_draft(target, layers=5, gamma=8)
     out = _engine_costs(target, draft, args)
     out["build_s"] = time.time() - t0
     return out

@@ -40,6 +40,27 @@ def llama8b_shape():
                        rope_theta=1e6, tie_word_embeddings=False)
 
 
+RANDOM_SHAPES = {"llama-8b": llama8b_shape, "smollm2": smollm2_shape}
+
+
+def random_target(shape: str, device: str = "cuda"):
+    """A bf16 target of a RANDOM_SHAPES shape with random weights (step time does not depend on them)."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(RANDOM_SHAPES[shape]()).to(torch.bfloat16)
+    return wrap_hf_model(model.eval(), TargetConfig(name=f"{shape}-shape", dtype="bfloat16", device=device))
+
+
+def untrained_draft(target, layers: int, gamma: int):
+    """A bf16 DSpark draft for `target` with the default head settings, freshly initialised."""
+    torch.manual_seed(0)
+    arch = resolve_arch(DraftConfig(block_size=gamma, num_layers=layers), target.info, target.model.config,
+                        target.tokenizer)
+    return build_draft(arch, target).to(torch.bfloat16).eval()
+
+
 def timed(fn, reps: int) -> float:
     """Median seconds of fn() over reps, with CUDA events."""
     times = []
@@ -67,12 +88,8 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--out", default=".")
     args = ap.parse_args()
-    from transformers import LlamaForCausalLM
-
-    torch.manual_seed(0)
     dev = torch.device("cuda")
-    model = LlamaForCausalLM(smollm2_shape()).to(dev, torch.bfloat16)
-    target = wrap_hf_model(model, TargetConfig(name="smollm2-shape", dtype="bfloat16"))
+    target = random_target("smollm2")
     ids = torch.randint(0, 49152, (1, args.tokens), device=dev)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": args.tokens,
               "copy_GBps": round(copy_bandwidth(), 1)}
@@ -89,7 +106,8 @@ def main() -> None:
     rec = HiddenRecord(0, ids[0].cpu(), loss_mask, cap.aux[0].float().cpu(), cap.final[0].float().cpu())
     del cap
     for gamma in args.gamma:
-        arch = resolve_arch(DraftConfig(num_layers=5, block_size=gamma, mask_token_id=16), target.info, model.config)
+        arch = resolve_arch(DraftConfig(num_layers=5, block_size=gamma, mask_token_id=16), target.info,
+                            target.model.config)
         draft = build_draft(arch, target).to(torch.bfloat16)
         params = [p for p in draft.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-4)

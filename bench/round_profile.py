@@ -40,15 +40,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.roles_gpu import llama8b_shape, smollm2_shape  # noqa: E402
+from bench.roles_gpu import RANDOM_SHAPES, random_target, untrained_draft  # noqa: E402
 from splitserve.serve.bench import synthetic_prompts  # noqa: E402
 from splitserve.serve.config import EngineConfig, ModelsConfig  # noqa: E402
 from splitserve.serve.engine import Engine, SamplingParams  # noqa: E402
 from splitserve.serve.graphs import StepGraphs  # noqa: E402
 from splitserve.serve.loading import load_models  # noqa: E402
 from splitserve.target.eos import eos_ids  # noqa: E402
-
-RANDOM_SHAPES = {"llama-8b": llama8b_shape, "smollm2": smollm2_shape}
 
 
 def time_graph(fn, iters: int, device: torch.device) -> float:
@@ -204,23 +202,6 @@ def idle_profile(engine: Engine, prompt: list[int], params: SamplingParams) -> d
     }
 
 
-def random_models(shape: str, draft_layers: int, block_size: int, device: str):
-    """A random-weight bf16 target of a named shape and an untrained DSpark draft for it."""
-    from transformers import LlamaForCausalLM
-
-    from splitserve.config import DraftConfig, TargetConfig
-    from splitserve.models.build import build_draft, resolve_arch
-    from splitserve.target.hf import wrap_hf_model
-
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LlamaForCausalLM(RANDOM_SHAPES[shape]()).to(torch.bfloat16)
-    target = wrap_hf_model(model.eval(), TargetConfig(name=f"{shape}-shape", dtype="bfloat16", device=device))
-    arch = resolve_arch(DraftConfig(block_size=block_size, num_layers=draft_layers), target.info,
-                        target.model.config, target.tokenizer)
-    return target, build_draft(arch, target).to(torch.bfloat16).eval()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--draft", help="a trained draft: run dir or export")
@@ -250,7 +231,8 @@ def main() -> None:
         ap.error("--draft needs --prompts")
 
     if args.random_shape:
-        target, draft = random_models(args.random_shape, args.draft_layers, args.block_size, args.device)
+        target = random_target(args.random_shape, args.device)
+        draft = untrained_draft(target, args.draft_layers, args.block_size)
         prompts = synthetic_prompts(target.info.vocab_size, args.num_prompts, args.prompt_len, 0,
                                     {draft.arch.mask_token_id})
         params = SamplingParams(max_tokens=args.max_tokens)  # no EOS: every request runs max_tokens
