@@ -6,7 +6,7 @@
 
 It is the sweep `splitserve train -m draft=dspark_b8,dspark_b16 loss=paper,prefix` plus the two
 DFlash runs (`draft=dflash_b8,dflash_b16 loss=paper`), with each draft's and loss's settings read
-from the same conf/draft/*.yaml and conf/loss/*.yaml files, driven without Hydra so that it runs
+from the same splitserve/conf/draft/*.yaml and splitserve/conf/loss/*.yaml files, driven without Hydra so that it runs
 where only torch and transformers are installed. The runs share one recipe (RECIPE below, with
 --num-layers / --batch-size / --lr to change it for all of them) and all train at once, one
 process each: on one GPU they share it (each is small next to an H200); on several, the runs
@@ -69,7 +69,7 @@ def recipe(args) -> dict:
 
 
 def _conf(group: str, name: str) -> dict:
-    return yaml.safe_load((REPO / "conf" / group / f"{name}.yaml").read_text()) or {}
+    return yaml.safe_load((REPO / "splitserve" / "conf" / group / f"{name}.yaml").read_text()) or {}
 
 
 def _draft_conf(draft: str, num_layers: int, markov_rank: int | None) -> dict:

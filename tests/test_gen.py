@@ -5,7 +5,7 @@ an uninterrupted one, and bad input is reported by file:line."""
 import json
 
 import pytest
-import torch
+from tiny import save_sharp_smol
 
 from splitserve.config import TargetConfig
 from splitserve.data import DataError, load_samples
@@ -37,24 +37,7 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def sharp_smol(tmp_path_factory):
-    """A 2-layer random Llama with SmolLM2's tokenizer and a x20 untied lm_head, so greedy
-    continuations are not near-ties that padding could flip."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from splitserve.assets import smollm2_dir
-
-    out = tmp_path_factory.mktemp("sharp_smol")
-    tok = AutoTokenizer.from_pretrained(smollm2_dir())
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      tie_word_embeddings=False, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_sharp_smol(tmp_path_factory.mktemp("sharp_smol"), layers=2)
 
 
 @pytest.fixture
@@ -65,7 +48,8 @@ def chat_file(tmp_path):
 
 
 def _cfg(model_dir, data, out, **kw) -> GenConfig:
-    kw = {"max_new_tokens": 5, "batch_size": 2, **kw}
+    # static: batches are fixed slices of the input, which the resume and seeding tests rely on
+    kw = {"max_new_tokens": 5, "batch_size": 2, "batching": "static", **kw}
     return GenConfig(data=str(data), out=str(out), target=str(model_dir), **kw)
 
 
@@ -153,6 +137,8 @@ def test_resume_writes_the_same_file_as_an_uninterrupted_run(sharp_smol, chat_fi
 
     summary = run_gen(_cfg(sharp_smol, chat_file, resumed, **kw), progress=False)
     assert (summary.already_done, summary.written) == (2, 3)
+    # bit-equal: batches are fixed slices of the input, each seeded by its index, so a resumed
+    # batch replays the same ops and draws
     assert resumed.read_bytes() == whole.read_bytes()
     again = run_gen(_cfg(sharp_smol, chat_file, resumed, **kw), progress=False)
     assert (again.already_done, again.written) == (5, 0)
@@ -164,7 +150,7 @@ def test_sampling_is_seeded_and_resume_refuses_other_settings(sharp_smol, chat_f
         out = tmp_path / f"s{i}.jsonl"
         run_gen(_cfg(sharp_smol, chat_file, out, temperature=1.0, seed=seed, max_rows=2), progress=False)
         outs.append([r["messages"] for r in map(json.loads, out.read_text().splitlines())])
-    assert outs[0] == outs[1] and outs[0] != outs[2]
+    assert outs[0] == outs[1] and outs[0] != outs[2]  # bit-equal: the same ops and draws twice
     with pytest.raises(DataError, match="temperature=1.0, this run has temperature=0.0"):
         run_gen(_cfg(sharp_smol, chat_file, tmp_path / "s0.jsonl", seed=1), progress=False)
 
@@ -181,6 +167,36 @@ def test_max_turns_and_max_length(sharp_smol, chat_file, tmp_path):
     assert conv3["gen"]["source_row"] == "conv-3"
     assert [m["role"] for m in conv3["messages"]][-2:] == ["user", "assistant"]
     assert len(conv3["messages"]) == 3
+
+
+def test_continuous_batching_gives_the_static_rows_and_resumes(sharp_smol, chat_file, tmp_path, monkeypatch):
+    """A finished conversation frees its slot at once; greedy rows are the static path's (in
+    completion order), and a run stopped after its first row resumes to the same set."""
+    from splitserve.data import gen_continuous
+
+    static = run_gen(_cfg(sharp_smol, chat_file, tmp_path / "static.jsonl", max_new_tokens=8), progress=False)
+
+    def rows(path):
+        return {r["gen"]["source_row"]: r["messages"] for r in map(json.loads, path.read_text().splitlines())}
+
+    out = tmp_path / "cont.jsonl"
+    real = gen_continuous.regenerate_continuous
+
+    def stop_after_first_row(model, tok, sources, cfg, stop, on_row, **kw):
+        def once(*row):
+            on_row(*row)
+            raise KeyboardInterrupt
+        return real(model, tok, sources, cfg, stop, once, **kw)
+
+    monkeypatch.setattr(gen_continuous, "regenerate_continuous", stop_after_first_row)
+    with pytest.raises(KeyboardInterrupt):
+        run_gen(_cfg(sharp_smol, chat_file, out, max_new_tokens=8, batching="continuous"), progress=False)
+    assert len(out.read_text().splitlines()) == 1
+    monkeypatch.setattr(gen_continuous, "regenerate_continuous", real)
+    cont = run_gen(_cfg(sharp_smol, chat_file, out, max_new_tokens=8, batching="continuous", batch_size=3),
+                   progress=False)
+    assert (cont.already_done, cont.written) == (1, 4)
+    assert rows(out) == rows(tmp_path / "static.jsonl") and static.written == 5
 
 
 def test_bad_rows_name_file_and_line(tmp_path, capsys):

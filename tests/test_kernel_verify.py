@@ -41,6 +41,7 @@ def test_greedy_kernel_matches_reference(gamma, vocab):
         if seed == 0:  # exact ties across tiles: the first index must win, as in torch.argmax
             logits[:, 5] = logits[:, -1] = logits.max() + 1
         want = ref.greedy_verify(draft, logits)
+        # bit-equal: argmax is comparisons only, and ties follow one documented rule (first index)
         got = kernels.greedy_verify_triton(draft.to(DEV), logits.to(DEV))
         assert [int(x) for x in got] == [int(x) for x in want], (seed, got, want)
 
@@ -57,6 +58,8 @@ def test_sampling_kernel_matches_reference(gamma, vocab):
         u = torch.rand(gamma, generator=g)
         e = torch.empty(vocab).exponential_(generator=g)
         want = ref.sampling_verify(draft, p, q, u, e)
+        # bit-equal: correctly rounded elementwise ops (*, -, div_rn) and comparisons; the one
+        # sum only decides residual > 0, which no order of summing nonnegatives changes
         got = kernels.sampling_verify_triton(*(t.to(DEV) for t in (draft, p, q, u, e)))
         assert [int(x) for x in got] == [int(x) for x in want], (seed, got, want)
 
@@ -79,5 +82,6 @@ def test_chain_kernel_matches_reference(gamma, k):
             vals[:] = 0.0
             trans[:] = 0.0
         want = chain_argmax_reference(first, vals, trans)
+        # bit-equal: one correctly rounded add per step, then argmax (first index on ties)
         got = chain_argmax_triton(first.to(DEV), vals.to(DEV), trans.to(DEV))
         assert got.cpu().tolist() == want.tolist()

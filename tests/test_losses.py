@@ -1,12 +1,12 @@
 """Loss values against hand computation, and gradients against finite differences."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from splitserve.cli import PACKAGE_CONF
 from splitserve.config import LossConfig
 from splitserve.train import losses
 from splitserve.train.losses import (
@@ -85,7 +85,7 @@ def test_gradients_match_finite_differences():
 
 # --------------------------------------------------------------------------- the prefix family
 
-CONF_LOSS = Path(__file__).resolve().parents[1] / "conf" / "loss"
+CONF_LOSS = PACKAGE_CONF / "loss"
 
 
 def _hand_set():

@@ -43,6 +43,7 @@ def write_dump(path: Path, records: list[HiddenRecord], dtype: torch.dtype = tor
 
 
 def assert_same(got: HiddenRecord, want: HiddenRecord, dtype: torch.dtype) -> None:
+    # bit-equal: the dump holds bytes, and both sides' bf16 casts are correctly rounded (RNE)
     assert got.sample_id == want.sample_id
     assert got.input_ids.dtype == torch.int64 and torch.equal(got.input_ids, want.input_ids)
     assert got.loss_mask.dtype == torch.bool and torch.equal(got.loss_mask, want.loss_mask)

@@ -2,6 +2,7 @@
 their own block, and packed training computes exactly what a draft round computes."""
 
 import torch
+from floats import assert_tie_free
 from tiny import MASK_ID, tiny_draft, tiny_target
 
 from splitserve.train.packing import pack_blocks, sample_anchors
@@ -92,10 +93,13 @@ def test_packed_training_forward_equals_inference_round():
                 ctx = draft.context_kv(aux[:, :a], torch.arange(a)[None])
                 h_inf = draft.backbone(draft.block_inputs(ids[:, a]), torch.arange(a, a + 4)[None], ctx, None)[0]
                 torch.testing.assert_close(h[blk], h_inf, rtol=1e-4, atol=1e-5)
-                # The greedy draft round picks argmax of the Markov-corrected logits in sequence.
+                # The greedy draft round picks argmax of the Markov-corrected logits in sequence
+                # (one position at a time there, the whole block here: tie-free, so exact).
                 tokens, _, _ = draft.draft(ctx, ids[0, a], a)
                 prev = torch.cat([ids[0, a : a + 1], tokens[:-1]])
-                assert torch.equal(draft.logits(h_inf, prev).argmax(-1), tokens)
+                logits = draft.logits(h_inf, prev)
+                assert_tie_free(logits)
+                assert torch.equal(logits.argmax(-1), tokens)
 
 
 def test_collate_right_pads_records_into_one_batch():
@@ -111,6 +115,7 @@ def test_collate_right_pads_records_into_one_batch():
     for i, r in enumerate(recs):
         n = r.num_tokens
         assert torch.equal(batch.input_ids[i, :n], r.input_ids) and torch.equal(batch.loss_mask[i, :n], r.loss_mask)
+        # bit-equal: a copy, and the bf16 cast is correctly rounded on every CPU
         assert torch.equal(batch.aux[i, :n], r.aux.to(torch.bfloat16))
         assert torch.equal(batch.final[i, :n], r.final.to(torch.bfloat16))
     # padding: no label, no token, zero features

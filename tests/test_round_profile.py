@@ -26,6 +26,6 @@ def test_long_gaps_grouped_by_neighbours_and_boundaries_left_out():
         _ev("argmax", 118.0, 1.0),  # 8 µs after gemm (not after inner)
     ]
     rows = round_profile.long_gap_neighbours(events[::-1], boundary_starts={100.0}, threshold_us=5.0)
-    got = {(r["before"], r["after"]): (r["count"], r["total_us"]) for r in rows}
+    got = {(r["before"], r["after"]): (r["count"], r["total_us"]) for r in rows}  # whole µs: exact sums
     assert got == {("norm", "copy"): (2, 14.0), ("copy", "gemm"): (1, 9.0), ("gemm", "argmax"): (1, 8.0)}
     assert rows[0]["before"] == "norm"  # largest total first

@@ -55,6 +55,7 @@ def test_rates_and_verdict():
     window = RateWindow(n_draft=2, n_target=1)
     producer = {"samples": 10, "tokens": 1000, "send_wait_s": 1.0, "wall_s": 4.0, "in_flight": 3}
     r = window.rates(2.0, ConsumerCounters(samples=8, tokens=800, bytes=4000, recv_wait_s=0.4), {0: producer})
+    # exact: Python float arithmetic on values that binary floats hold exactly
     assert r["split/consumed_tokens_per_s"] == 400 and r["split/channel_bytes_per_s"] == 2000
     assert r["split/trainer_wait_fraction"] == pytest.approx(0.1)  # 0.4 s over 2 ranks x 2 s
     assert r["split/producer_wait_fraction"] == pytest.approx(0.25) and r["split/queue_depth"] == 3

@@ -84,6 +84,7 @@ def test_sglang_captures_match_transformers_within_bf16():
     sg = load_target(TargetConfig(**{**cfg.__dict__, "backend": "sglang"}))
     assert sg.info == hf.info
     v = hf.info.vocab_size
+    # bit-equal: both loaders copy the same checkpoint tensors (no arithmetic)
     torch.testing.assert_close(sg.embed_weight().float(), hf.embed_weight()[:v].float(), rtol=0, atol=0)
     torch.testing.assert_close(sg.lm_head_weight().float(), hf.lm_head_weight()[:v].float(), rtol=0, atol=0)
     gen = torch.Generator().manual_seed(0)

@@ -3,7 +3,7 @@ follows the target distribution. Tiny random models, so any draft quality is exe
 
 import pytest
 import torch
-from tiny import tiny_draft, tiny_target
+from tiny import check_draft_ties, tiny_draft, tiny_target
 
 from splitserve.config import LossConfig
 from splitserve.records import HiddenRecord
@@ -99,7 +99,7 @@ def test_overfit_one_sequence_reaches_gamma_plus_one():
     # Keep every round's block inside the trained sequence: 8 + 7 rounds * 5 + 4 <= 55.
     report = evaluate(target, draft, [prompt], max_new_tokens=36)
     assert report.exact_matches == 1
-    assert report.tau == gamma + 1, report.results[0].accepts
+    assert report.tau == gamma + 1, report.results[0].accepts  # every round full: τ = 5n / n, exact
 
 
 @pytest.mark.parametrize("check_exact,engine", [(True, False), (False, False), (True, True)])
@@ -132,12 +132,16 @@ def test_engine_evaluation_equals_the_reference_loop():
     target = tiny_target(seed=7)
     draft = tiny_draft(target, block_size=4, markov_rank=8)
     torch.nn.init.normal_(draft.markov.w2.weight, std=1.0)
+    # The engine drafts from its static context (another layout and mask: the floats differ by
+    # ulps), so equal accepts need draft rounds without near ties.
+    check_draft_ties(draft)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 90, (n,), generator=g).tolist() for n in (3, 9, 5)]
     eos = {target_decode(target, prompts[2], 20)[6]}  # the third prompt stops early
     ref = evaluate(target, draft, prompts, 20, eos_ids=eos, record_confidence=True)
     eng = evaluate(target, draft, prompts, 20, eos_ids=eos, record_confidence=True, engine=True)
     assert eng.exact_matches == ref.exact_matches == 3
+    # bit-equal: the same function of the same integer accepts
     assert (eng.tau, eng.rounds, eng.per_position) == (ref.tau, ref.rounds, ref.per_position)
     for a, b in zip(ref.results, eng.results):
         assert (a.tokens, a.accepts) == (b.tokens, b.accepts)

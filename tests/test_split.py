@@ -141,6 +141,7 @@ def test_split_job_killed_and_rerun_resumes_to_the_same_weights(tiny_smol_dir, t
     # zero-initialised Markov W2; the same split layout is deterministic.)
     _torchrun(*_overrides(tiny_smol_dir, tmp_path / "ref", steps=steps, **{"train.save_every": 5}))
     ref, resumed = _final_weights(tmp_path / "ref"), _final_weights(tmp_path / "run")
+    # bit-equal: the same layout replays the same ops from a checkpoint read back byte for byte
     for k in ref:
         torch.testing.assert_close(resumed[k], ref[k], rtol=0, atol=0, msg=k)
     assert [m["loss"] for m in _metrics(tmp_path / "ref")] == [m["loss"] for m in _metrics(tmp_path / "run")][-steps:]

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from splitserve.cli import main
+from splitserve.cli import PACKAGE_CONF, main
 
 ROOT = Path(__file__).resolve().parents[1]
-DRAFTS = ["dspark_b8", "dspark_b16", "dflash_b8", "dflash_b16"]  # conf/experiment/ablate_block.yaml
+DRAFTS = ["dspark_b8", "dspark_b16", "dflash_b8", "dflash_b16"]  # splitserve/conf/experiment/ablate_block.yaml
 
 
 def run_train(*args):
@@ -40,10 +40,10 @@ def sweep(tiny_smol_dir, tmp_path_factory):
 def test_experiment_files_declare_their_sweeps():
     for name, key, values in (("ablate_block", "draft", DRAFTS), ("ablate_loss", "loss", ["paper", "prefix"]),
                               ("ablate_layers", "draft.num_layers", ["1", "2", "5"])):
-        cfg = OmegaConf.load(ROOT / "conf" / "experiment" / f"{name}.yaml")
+        cfg = OmegaConf.load(PACKAGE_CONF / "experiment" / f"{name}.yaml")
         assert cfg.hydra.sweeper.params[key].split(",") == values
         if "." not in key:  # a config group: every swept option is a file (prefix.yaml comes with its loss)
-            missing = {v for v in values if not (ROOT / "conf" / key / f"{v}.yaml").exists()}
+            missing = {v for v in values if not (PACKAGE_CONF / key / f"{v}.yaml").exists()}
             assert missing <= {"prefix"}, missing
 
 

@@ -71,6 +71,8 @@ def test_resume_after_kill_matches_uninterrupted(tiny_smol_dir, tiny_smol_target
     assert resumed.state.step == 6
     a, b = _weights(full.draft), _weights(resumed.draft)
     assert a.keys() == b.keys()
+    # bit-equal: the resumed steps replay the uninterrupted run's ops on the same shapes, from
+    # weights and optimizer state read back byte for byte (the batches depend on the step only)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
     # The loss curve after the resume point is the same too.
@@ -99,6 +101,8 @@ def test_dump_then_train_equals_in_process(tiny_smol_dir, tiny_smol_target, tmp_
     run_dump(cfg, tiny_smol_target)
     cfg.data = replace(cfg.data, dump_dir=str(tmp_path / "dump"))
     offline = loop.train(cfg, tiny_smol_target)
+    # bit-equal: one target forward per sample in both (sources.TargetSource), and the float32
+    # dump gives back its bytes, so both runs train on the same records with the same ops
     for k, v in _weights(online.draft).items():
         torch.testing.assert_close(v, _weights(offline.draft)[k], rtol=0, atol=0)
 

@@ -75,3 +75,47 @@ def export_tiny_draft(target_dir, out, block_size: int = 4, seed: int = 0):
     draft = tiny_draft(target, block_size=block_size, markov_rank=4)
     torch.nn.init.normal_(draft.markov.w2.weight, std=0.5)
     return export_draft(draft, out, target.info)
+
+
+def check_draft_ties(draft):
+    """Make every greedy round of `draft.draft` first check that the logits it picked its tokens
+    from have no near tie (floats.assert_tie_free): two code paths drafting from the same context
+    (another context layout, other shapes) then propose the same tokens on any CPU."""
+    from floats import assert_tie_free
+
+    real = draft.draft
+
+    def checked(ctx_kv, anchor_id, anchor_pos, temperature=0.0, generator=None, ctx_mask=None, markov_topk=0):
+        tokens, probs, conf = real(ctx_kv, anchor_id, anchor_pos, temperature, generator, ctx_mask=ctx_mask,
+                                   markov_topk=markov_topk)
+        if temperature <= 0:
+            pos = (anchor_pos + torch.arange(draft.arch.block_size, device=anchor_id.device))[None]
+            with torch.no_grad():
+                h = draft.backbone(draft.block_inputs(anchor_id.view(1)), pos, ctx_kv, ctx_mask)[0]
+                logits = draft.logits(h, torch.cat([anchor_id.view(1), tokens[:-1]]))
+            assert_tie_free(logits, f"draft round at position {int(anchor_pos)}")
+        return tokens, probs, conf
+
+    draft.draft = checked
+    return draft
+
+
+def save_sharp_smol(out, seed: int = 0, layers: int = 4):
+    """A small random Llama with SmolLM2's tokenizer and a x20 untied lm_head, so greedy
+    continuations are not near-ties that another code path (padding, a speculative server)
+    could flip."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from splitserve.assets import smollm2_dir
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir())
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=False, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20.0)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -1,7 +1,8 @@
 """Training conversations and evaluation prompts.
 
 `resolve_train_path` / `resolve_prompts_path` accept either the name of the embedded default
-("chitchat") or a path to a JSONL file; nothing is ever downloaded.
+("chitchat") or a path to a data file (JSONL, Parquet, Arrow, or a `save_to_disk` directory);
+nothing is ever downloaded.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ __all__ = [
 
 
 def _existing_file(name_or_path: str, what: str) -> str:
-    if not Path(name_or_path).is_file():
+    if not Path(name_or_path).exists():
         raise DataError(
             f"{what} '{name_or_path}' is neither '{CHITCHAT_NAME}' (the embedded default) "
-            "nor an existing JSONL file"
+            "nor an existing data file (JSONL, Parquet, Arrow or a save_to_disk directory)"
         )
     return name_or_path
 

@@ -1,4 +1,4 @@
-"""Chat JSONL reading and tokenization with assistant-only loss masks.
+"""Chat data reading and tokenization with assistant-only loss masks.
 
 A draft model only ever has to predict what the target generates, i.e. assistant turns, so
 the loss mask covers exactly the assistant contents plus the end-of-turn token that closes
@@ -12,18 +12,15 @@ consistently works without template-specific code.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from splitserve.data.rows import DataError, iter_rows
+
 ROLES = ("system", "user", "assistant")
 
 Message = dict[str, str]
-
-
-class DataError(ValueError):
-    """Bad user data; the message names the file and line (or the conversation) at fault."""
 
 
 # --------------------------------------------------------------------------- reading
@@ -59,22 +56,6 @@ def _require_str(row: dict, key: str, where: str) -> str:
     return value
 
 
-def iter_json_rows(path: str | Path) -> Iterator[tuple[int, dict, str]]:
-    """Yield (1-based line number, object, "path:line") for each non-blank JSONL line."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            yield lineno, row, where
-
-
 def parse_messages(row: dict, where: str) -> list[Message]:
     """Turn one `messages` row or `prompt`/`response` row into a validated message list."""
     if "messages" in row:
@@ -90,8 +71,8 @@ def parse_messages(row: dict, where: str) -> list[Message]:
 
 
 def read_conversations(path: str | Path) -> Iterator[tuple[int, list[Message]]]:
-    """Yield (1-based line number, messages) for each conversation in a chat JSONL file."""
-    for lineno, row, where in iter_json_rows(path):
+    """Yield (1-based row number, messages) for each conversation of a chat data file."""
+    for lineno, row, where in iter_rows(path):
         yield lineno, parse_messages(row, where)
 
 

@@ -35,8 +35,9 @@ from typing import Any
 
 import torch
 
-from splitserve.data.chat import DataError, Message, iter_json_rows, parse_messages
+from splitserve.data.chat import Message, parse_messages
 from splitserve.data.prompts import encode_prompt
+from splitserve.data.rows import DataError, iter_json_rows, iter_rows
 from splitserve.target.eos import reply_end_ids
 
 FORMAT_VERSION = 1
@@ -55,7 +56,8 @@ class GenConfig:
     top_p: float = 1.0  # sampling only; 1: off
     top_k: int = 0  # sampling only; 0: off
     seed: int = 0
-    batch_size: int = 8  # conversations per batch
+    batch_size: int = 8  # conversations in flight (continuous) or per batch (static)
+    batching: str = "continuous"  # continuous: a finished conversation frees its slot | static: whole-batch turns
     max_rows: int | None = None  # read only the first N input rows
     max_turns: int | None = None  # replies per conversation
     max_length: int = 1024  # no reply to a prompt of this many tokens or more (data.max_length)
@@ -74,6 +76,8 @@ class GenConfig:
             raise ValueError("batch_size, max_new_tokens and max_length must be positive")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ValueError("need temperature >= 0, 0 < top_p <= 1 and top_k >= 0")
+        if self.batching not in ("continuous", "static"):
+            raise ValueError(f"batching must be continuous or static, got {self.batching!r}")
 
 
 @dataclass
@@ -158,10 +162,10 @@ def _row_key(row: dict, messages: list[Message]) -> str:
 
 
 def read_sources(path: str | Path, max_rows: int | None = None) -> list[Source]:
-    """Every conversation of a chat JSONL file (errors name file:line), with a stable row id."""
+    """Every conversation of a chat data file (errors name file and row), with a stable row id."""
     seen: Counter[str] = Counter()
     out: list[Source] = []
-    for lineno, row, where in iter_json_rows(path):
+    for lineno, row, where in iter_rows(path):
         if max_rows is not None and len(out) >= max_rows:
             break
         messages = _prompt_row_messages(row, where)
@@ -172,8 +176,13 @@ def read_sources(path: str | Path, max_rows: int | None = None) -> list[Source]:
     return out
 
 
+def row_key(source_row: str, sample: int = 0) -> str:
+    """The id of one output row: its source row, and which sampled reply (0 for the first)."""
+    return source_row if sample == 0 else f"{source_row}~{sample}"
+
+
 def read_done(out: Path, settings: dict[str, Any]) -> set[str]:
-    """Source ids already in `out`. A torn last line (a stop mid-write) is cut off."""
+    """Row keys already in `out`. A torn last line (a stop mid-write) is cut off."""
     if not out.exists():
         return set()
     raw = out.read_bytes()
@@ -193,7 +202,10 @@ def read_done(out: Path, settings: dict[str, Any]) -> set[str]:
                     f"{where}: written with {key}={gen.get(key)!r}, this run has {key}={value!r}; "
                     "rerun with the same settings to resume, or write to another --out"
                 )
-        done.add(gen["source_row"])
+        key = row_key(gen["source_row"], gen.get("sample", 0))
+        if key in done:
+            raise DataError(f"{where}: row {key!r} is in the file twice")
+        done.add(key)
     return done
 
 
@@ -202,16 +214,13 @@ def read_done(out: Path, settings: dict[str, Any]) -> set[str]:
 
 def load_generator(cfg: GenConfig) -> tuple[Any, Any, frozenset[int]]:
     """The target as a plain causal LM (no captured layers needed): model, tokenizer, stop ids."""
-    from transformers import AutoModelForCausalLM
-
     from splitserve.assets import resolve_target_path
-    from splitserve.target.hf import DTYPES, load_tokenizer, pick_device
+    from splitserve.target.hf import DTYPES, load_causal_lm, load_tokenizer, pick_device
 
     if cfg.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
     path = resolve_target_path(cfg.target)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
-    model.to(pick_device(cfg.device))
+    model = load_causal_lm(path, DTYPES[cfg.dtype], pick_device(cfg.device))
     return prepare_model(model, load_tokenizer(path))
 
 
@@ -327,26 +336,34 @@ def run_gen(cfg: GenConfig, loaded: tuple[Any, Any, frozenset[int]] | None = Non
         else:
             planned.append(s)
     summary.already_done = sum(s.row_id in done for s in planned)
-    chunks = [planned[i:i + cfg.batch_size] for i in range(0, len(planned), cfg.batch_size)]
     bar = tqdm(total=len(planned) - summary.already_done, unit="row", desc="gen", disable=not progress)
     with open(out, "a", encoding="utf-8") as f:
-        for k, chunk in enumerate(chunks):
-            todo = [s for s in chunk if s.row_id not in done]
-            if not todo:
-                continue
-            if cfg.temperature > 0:
-                torch.manual_seed(cfg.seed + k)
-            lines = []
-            for s, (messages, replies) in zip(todo, regenerate(model, tokenizer, todo, cfg, stop)):
-                lines.append(json.dumps(_row(s, messages, replies, settings), ensure_ascii=False) + "\n")
+
+        def write(rows: list[tuple[Source, list[Message], list[Reply]]]) -> None:
+            # Whole lines in one write, flushed: a stop leaves at most a torn last line.
+            f.write("".join(json.dumps(_row(s, m, r, settings), ensure_ascii=False) + "\n" for s, m, r in rows))
+            f.flush()
+            for _s, _m, replies in rows:
                 summary.turns += len(replies)
                 summary.new_tokens += sum(len(r.token_ids) for r in replies)
                 summary.unfinished += sum(not r.finished for r in replies)
-            f.write("".join(lines))
-            f.flush()
-            summary.written += len(lines)
-            bar.update(len(todo))
-            bar.set_postfix(tok_s=f"{summary.new_tokens / max(time.time() - t0, 1e-9):.1f}")
+            summary.written += len(rows)
+            bar.update(len(rows))
+            bar.set_postfix(tok_s=f"{summary.new_tokens / max(time.time() - t0, 1e-9):.1f}", refresh=False)
+
+        todo = [s for s in planned if s.row_id not in done]
+        if cfg.batching == "continuous" and todo:
+            from splitserve.data.gen_continuous import regenerate_continuous
+
+            regenerate_continuous(model, tokenizer, todo, cfg, stop, lambda s, m, r: write([(s, m, r)]))
+        elif todo:
+            for k in range(0, len(planned), cfg.batch_size):
+                chunk = [s for s in planned[k:k + cfg.batch_size] if s.row_id not in done]
+                if not chunk:
+                    continue
+                if cfg.temperature > 0:
+                    torch.manual_seed(cfg.seed + k // cfg.batch_size)
+                write([(s, m, r) for s, (m, r) in zip(chunk, regenerate(model, tokenizer, chunk, cfg, stop))])
     bar.close()
     summary.seconds = time.time() - t0
     return summary

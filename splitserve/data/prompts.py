@@ -1,4 +1,4 @@
-"""Evaluation prompts: read them from JSONL and encode them exactly as training renders them.
+"""Evaluation prompts: read them from a data file and encode them exactly as training renders them.
 
 Acceptance-rate measurements are only meaningful if the prompt ends where the target would
 start generating, so a prompt always ends with a user turn followed by the generation header.
@@ -13,11 +13,11 @@ from splitserve.data.chat import (
     DataError,
     Message,
     has_chat_template,
-    iter_json_rows,
     parse_messages,
     render_chat,
     specials_for,
 )
+from splitserve.data.rows import iter_rows
 
 Prompt = list[Message] | str
 
@@ -25,7 +25,7 @@ Prompt = list[Message] | str
 def read_prompts(path: str | Path) -> list[Prompt]:
     """Read `{"messages": [...]}` / `{"prompt": str}` rows; a final assistant turn is dropped."""
     prompts: list[Prompt] = []
-    for _lineno, row, where in iter_json_rows(path):
+    for _lineno, row, where in iter_rows(path):
         if "messages" in row:
             messages = parse_messages({"messages": row["messages"]}, where)
             # Rows copied from training data end with the reference answer; the prompt is what

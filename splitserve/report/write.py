@@ -63,7 +63,10 @@ def render_markdown(sweep_dir: Path, runs: list[RunSummary]) -> str:
 
 def _log_wandb(sweep_dir: Path, runs: list[RunSummary], project: str) -> None:
     os.environ.setdefault("WANDB_MODE", "offline")
-    import wandb
+    try:
+        import wandb
+    except ImportError as exc:
+        raise RuntimeError("report --wandb needs wandb: pip install 'splitserve[wandb]'") from exc
 
     run = wandb.init(project=project, dir=str(sweep_dir), name=f"report-{sweep_dir.name}", job_type="report",
                      config={"sweep": sweep_dir.name, "runs": len(runs)})

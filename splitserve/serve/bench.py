@@ -158,13 +158,15 @@ def bench_hf_generate(model, prompts: list[list[int]], output_len: int, warmup: 
 
 def load_assistant(path: str, target):
     """-> (model, None) or (None, why it does not apply)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from splitserve.target.hf import load_causal_lm
 
     cfg = AutoConfig.from_pretrained(path)
     vocab = getattr(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg, "vocab_size", None)
     if vocab != target.info.vocab_size:
         return None, f"assistant {path} has vocab {vocab}, target {target.info.vocab_size}: needs the same tokenizer"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=target.dtype).to(target.device).eval()
+    model = load_causal_lm(path, target.dtype, target.device)
     return model, None
 
 

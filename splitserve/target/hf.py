@@ -133,15 +133,22 @@ def load_tokenizer(path: str):
     return tok
 
 
-def load_hf_target(cfg: TargetConfig, device: torch.device | None = None) -> HFTarget:
-    """Load a target per config: the embedded SmolLM2 or any local HF model directory."""
+def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """A transformers causal LM, in eval mode, on `device`. On a GPU the weights go straight to
+    it through a device map (accelerate): an 8B target never needs a full copy in host memory."""
     from transformers import AutoModelForCausalLM
 
+    device_map = {"": device} if device.type == "cuda" else None
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map)
+    return model.to(device).eval()
+
+
+def load_hf_target(cfg: TargetConfig, device: torch.device | None = None) -> HFTarget:
+    """Load a target per config: the embedded SmolLM2 or any local HF model directory."""
     path = resolve_target_path(cfg.path)
     if cfg.dtype not in DTYPES:
         raise ValueError(f"target.dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[cfg.dtype])
-    model.to(device or pick_device(cfg.device))
+    model = load_causal_lm(path, DTYPES[cfg.dtype], device or pick_device(cfg.device))
     tokenizer = load_tokenizer(path)
     return wrap_hf_model(model, cfg, tokenizer)
 

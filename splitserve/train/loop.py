@@ -56,7 +56,10 @@ class Logger:
         if cfg.train.wandb:
             import os
 
-            import wandb
+            try:
+                import wandb
+            except ImportError as exc:
+                raise RuntimeError("train.wandb=true needs wandb: pip install 'splitserve[wandb]'") from exc
 
             os.environ.setdefault("WANDB_MODE", "offline")
             self.wandb = wandb.init(project=cfg.train.wandb_project, dir=str(run_dir), config=asdict(cfg),
