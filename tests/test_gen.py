@@ -172,7 +172,7 @@ def test_max_turns_and_max_length(sharp_smol, chat_file, tmp_path):
 def test_continuous_batching_gives_the_static_rows_and_resumes(sharp_smol, chat_file, tmp_path, monkeypatch):
     """A finished conversation frees its slot at once; greedy rows are the static path's (in
     completion order), and a run stopped after its first row resumes to the same set."""
-    from splitserve.data import gen_continuous
+    from splitserve.data import gen
 
     static = run_gen(_cfg(sharp_smol, chat_file, tmp_path / "static.jsonl", max_new_tokens=8), progress=False)
 
@@ -180,7 +180,7 @@ def test_continuous_batching_gives_the_static_rows_and_resumes(sharp_smol, chat_
         return {r["gen"]["source_row"]: r["messages"] for r in map(json.loads, path.read_text().splitlines())}
 
     out = tmp_path / "cont.jsonl"
-    real = gen_continuous.regenerate_continuous
+    real = gen.regenerate_continuous
 
     def stop_after_first_row(model, tok, sources, cfg, stop, on_row, **kw):
         def once(*row):
@@ -188,11 +188,11 @@ def test_continuous_batching_gives_the_static_rows_and_resumes(sharp_smol, chat_
             raise KeyboardInterrupt
         return real(model, tok, sources, cfg, stop, once, **kw)
 
-    monkeypatch.setattr(gen_continuous, "regenerate_continuous", stop_after_first_row)
+    monkeypatch.setattr(gen, "regenerate_continuous", stop_after_first_row)
     with pytest.raises(KeyboardInterrupt):
         run_gen(_cfg(sharp_smol, chat_file, out, max_new_tokens=8, batching="continuous"), progress=False)
     assert len(out.read_text().splitlines()) == 1
-    monkeypatch.setattr(gen_continuous, "regenerate_continuous", real)
+    monkeypatch.setattr(gen, "regenerate_continuous", real)
     cont = run_gen(_cfg(sharp_smol, chat_file, out, max_new_tokens=8, batching="continuous", batch_size=3),
                    progress=False)
     assert (cont.already_done, cont.written) == (1, 4)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from splitserve.data.chat import Message
-from splitserve.data.gen import GenConfig, Reply, Source
+from splitserve.data.gen_plan import GenConfig, Reply, Source
 from splitserve.data.prompts import encode_prompt
 
 OnRow = Callable[[Source, list[Message], list[Reply]], None]

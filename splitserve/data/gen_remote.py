@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from splitserve.data.endpoint import ChatReply, EndpointConfig, EndpointPool, RequestFailed
-from splitserve.data.gen import FORMAT_VERSION, GenConfig, Source, read_done, read_sources, row_key
+from splitserve.data.gen_plan import FORMAT_VERSION, GenConfig, Source, read_done, read_sources, row_key
 
 
 @dataclass
