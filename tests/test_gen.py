@@ -5,6 +5,7 @@ an uninterrupted one, and bad input is reported by file:line."""
 import json
 
 import pytest
+from tiny import GEN_ROWS as ROWS
 from tiny import save_sharp_smol
 
 from splitserve.config import TargetConfig
@@ -20,19 +21,6 @@ from splitserve.data.gen import (
 from splitserve.data.prompts import encode_prompt
 from splitserve.spec.decode import target_decode
 from splitserve.target.hf import wrap_hf_model
-
-ROWS = [
-    {"messages": [{"role": "user", "content": "What is the capital of France?"},
-                  {"role": "assistant", "content": "Paris."}]},
-    {"prompt": "Give me a synonym for happy.", "response": "Cheerful."},
-    {"id": "conv-3", "messages": [{"role": "system", "content": "Be brief."},
-                                  {"role": "user", "content": "Why is the sky blue?"},
-                                  {"role": "assistant", "content": "Scattering."},
-                                  {"role": "user", "content": "And at sunset?"}]},
-    {"prompt": "Write a haiku about autumn.", "system": "You are a poet."},
-    {"messages": [{"role": "user", "content": "What is the capital of France?"},
-                  {"role": "assistant", "content": "Paris."}]},  # a repeat: gets id "#2"
-]
 
 
 @pytest.fixture(scope="module")

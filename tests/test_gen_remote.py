@@ -15,23 +15,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from tiny import export_tiny_draft, save_sharp_smol
+from tiny import GEN_ROWS, export_tiny_draft, save_sharp_smol
 
 from splitserve.data.endpoint import ChatReply, EndpointConfig
 from splitserve.data.gen import GenConfig, run_gen
 from splitserve.data.gen_remote import RemoteOptions, new_tokens, request_seed, run_gen_remote
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = [
-    {"messages": [{"role": "user", "content": "What is the capital of France?"},
-                  {"role": "assistant", "content": "Paris."}]},
-    {"prompt": "Give me a synonym for happy.", "response": "Cheerful."},
-    {"id": "conv-3", "messages": [{"role": "system", "content": "Be brief."},
-                                  {"role": "user", "content": "Why is the sky blue?"},
-                                  {"role": "assistant", "content": "Scattering."},
-                                  {"role": "user", "content": "And at sunset?"}]},
-    {"prompt": "Write a haiku about autumn.", "system": "You are a poet."},
-]
+ROWS = GEN_ROWS[:4]
 
 
 def _write(path, rows):

@@ -119,3 +119,19 @@ def save_sharp_smol(out, seed: int = 0, layers: int = 4):
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+# Chat rows in every input form gen reads: messages, prompt/response, an id with a system turn
+# and an unanswered user turn, prompt-only with a system prompt, and a repeat (id "#2").
+GEN_ROWS = [
+    {"messages": [{"role": "user", "content": "What is the capital of France?"},
+                  {"role": "assistant", "content": "Paris."}]},
+    {"prompt": "Give me a synonym for happy.", "response": "Cheerful."},
+    {"id": "conv-3", "messages": [{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": "Why is the sky blue?"},
+                                  {"role": "assistant", "content": "Scattering."},
+                                  {"role": "user", "content": "And at sunset?"}]},
+    {"prompt": "Write a haiku about autumn.", "system": "You are a poet."},
+    {"messages": [{"role": "user", "content": "What is the capital of France?"},
+                  {"role": "assistant", "content": "Paris."}]},  # a repeat: gets id "#2"
+]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,39 @@ class Reply:
     token_ids: list[int]  # generated ids, end-of-turn token excluded
     text: str
     finished: bool  # ended with an end-of-turn token (else it hit max_new_tokens)
+
+
+@dataclass
+class GenSummary:
+    """What a run did, for its closing summary."""
+
+    out: str
+    written: int = 0
+    already_done: int = 0
+    no_user_turn: int = 0
+    too_long: int = 0
+    turns: int = 0
+    new_tokens: int = 0
+    unfinished: int = 0
+    seconds: float = 0.0
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def format(self) -> str:
+        s = self.settings
+        mode = "greedy" if s.get("temperature", 0) == 0 else (
+            f"T={s['temperature']} top_p={s['top_p']} top_k={s['top_k']} seed={s['seed']}")
+        rate = self.new_tokens / max(self.seconds, 1e-9)
+        target = f"{s.get('target')} ({s.get('target_path')})"
+        rows = (f"{self.written} written, {self.already_done} already there (skipped), "
+                f"{self.no_user_turn} without a user turn, {self.too_long} with a first prompt >= max_length")
+        replies = (f"{self.turns} ({self.unfinished} cut at max_new_tokens), {self.new_tokens:,} tokens "
+                   f"generated in {self.seconds:.1f} s ({rate:.1f} tok/s)")
+        return "\n".join([
+            f"splitserve gen -> {self.out}",
+            f"  target  {target}, {mode}, <= {s.get('max_new_tokens')} new tokens per reply",
+            f"  rows    {rows}",
+            f"  replies {replies}",
+        ])
 
 
 # --------------------------------------------------------------------------- reading

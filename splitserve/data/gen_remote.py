@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from splitserve.data.endpoint import ChatReply, EndpointConfig, EndpointPool, RequestFailed
-from splitserve.data.gen_plan import FORMAT_VERSION, GenConfig, Source, read_done, read_sources, row_key
+from splitserve.data.gen_plan import (
+    FORMAT_VERSION,
+    GenConfig,
+    GenSummary,
+    Source,
+    read_done,
+    read_sources,
+    row_key,
+)
 
 
 @dataclass
@@ -52,19 +60,9 @@ class RemoteOptions:
 
 
 @dataclass
-class RemoteSummary:
-    out: str
-    written: int = 0
-    already_done: int = 0
-    no_user_turn: int = 0
-    too_long: int = 0
-    turns: int = 0
-    new_tokens: int = 0
-    unfinished: int = 0
+class RemoteSummary(GenSummary):
     failed: Counter = field(default_factory=Counter)  # reason -> jobs
     retried: dict[str, int] = field(default_factory=dict)  # reason -> retried requests
-    seconds: float = 0.0
-    settings: dict[str, Any] = field(default_factory=dict)
 
     def format(self) -> str:
         s = self.settings
