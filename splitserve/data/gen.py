@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from splitserve.data.chat import Message
-from splitserve.data.gen_continuous import regenerate_continuous
+from splitserve.data.gen_continuous import generation_config, regenerate_continuous, to_reply
 from splitserve.data.gen_plan import (  # noqa: F401  (the reading side, re-exported for callers)
     FORMAT_VERSION,
     GenConfig,
@@ -92,31 +92,17 @@ def generate_replies(
     model: Any, tokenizer: Any, prompts: list[list[int]], cfg: GenConfig, stop: set[int]
 ) -> list[Reply]:
     """One reply per prompt, the batch left-padded into a single `generate` call."""
-    from transformers import GenerationConfig
-
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
+    gc = generation_config(cfg, tokenizer, stop)
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)  # (B, T) left-padded
+    ids = torch.full((len(prompts), width), gc.pad_token_id, dtype=torch.long)  # (B, T) left-padded
     mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
-    sampling = cfg.temperature > 0
-    # Every field that could select a logits processor is set, so nothing else applies.
-    gc = GenerationConfig(
-        max_new_tokens=cfg.max_new_tokens, do_sample=sampling, num_beams=1,
-        temperature=cfg.temperature if sampling else None, top_p=cfg.top_p if sampling else None,
-        top_k=cfg.top_k if sampling else None, eos_token_id=sorted(stop), pad_token_id=pad,
-    )
     dev = next(model.parameters()).device
     out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), generation_config=gc)
-    replies = []
-    for row in out[:, width:].tolist():  # (B, new) generated ids, padded after a stop
-        end = next((j for j, t in enumerate(row) if t in stop), None)
-        toks = row if end is None else row[:end]
-        text = tokenizer.decode(toks, skip_special_tokens=True)
-        replies.append(Reply(toks, text, finished=end is not None))
-    return replies
+    # (B, new) generated ids, padded after a stop
+    return [to_reply(tokenizer, row, stop) for row in out[:, width:].tolist()]
 
 
 def regenerate(

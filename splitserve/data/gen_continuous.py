@@ -26,15 +26,26 @@ from splitserve.data.prompts import encode_prompt
 OnRow = Callable[[Source, list[Message], list[Reply]], None]
 
 
-def _generation_config(cfg: GenConfig, stop: set[int], pad: int):
+def generation_config(cfg: GenConfig, tokenizer: Any, stop: set[int]):
+    """The target's plain distribution (greedy, or cfg's sampling), stopping at `stop`. Every
+    field that could select a logits processor is set, so nothing else applies. Both in-process
+    paths generate with it."""
     from transformers import GenerationConfig
 
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
     sampling = cfg.temperature > 0
     return GenerationConfig(
         max_new_tokens=cfg.max_new_tokens, do_sample=sampling, num_beams=1,
         temperature=cfg.temperature if sampling else None, top_p=cfg.top_p if sampling else None,
         top_k=cfg.top_k if sampling else None, eos_token_id=sorted(stop), pad_token_id=pad,
     )
+
+
+def to_reply(tokenizer: Any, ids: list[int], stop: set[int]) -> Reply:
+    """Generated ids -> Reply, cut before the first end-of-turn id (and whatever padding follows)."""
+    end = next((j for j, t in enumerate(ids) if t in stop), None)
+    toks = ids if end is None else ids[:end]
+    return Reply(toks, tokenizer.decode(toks, skip_special_tokens=True), finished=end is not None)
 
 
 class _Conversation:
@@ -62,10 +73,9 @@ class _Conversation:
 def regenerate_continuous(model: Any, tokenizer: Any, sources: list[Source], cfg: GenConfig, stop: set[int],
                           on_row: OnRow, poll_s: float = 1.0) -> None:
     """Play every source's turns through one continuous-batching manager; `on_row` per conversation."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
     if cfg.temperature > 0:
         torch.manual_seed(cfg.seed)
-    manager = model.init_continuous_batching(generation_config=_generation_config(cfg, stop, pad))
+    manager = model.init_continuous_batching(generation_config=generation_config(cfg, tokenizer, stop))
     manager.start()
     limit = cfg.max_turns if cfg.max_turns is not None else max((len(s.turns) for s in sources), default=0)
     waiting = iter(range(len(sources)))
@@ -104,11 +114,8 @@ def regenerate_continuous(model: Any, tokenizer: Any, sources: list[Source], cfg
             if res.error:
                 raise RuntimeError(f"continuous batching failed on request {res.request_id}: {res.error}")
             i = int(res.request_id.split(":")[0])
-            toks = list(res.generated_tokens)
-            end = next((j for j, t in enumerate(toks) if t in stop), None)
-            toks = toks if end is None else toks[:end]
             conv = live[i]
-            conv.add(Reply(toks, tokenizer.decode(toks, skip_special_tokens=True), finished=end is not None))
+            conv.add(to_reply(tokenizer, list(res.generated_tokens), stop))
             if not ask(i, conv):
                 del live[i]
                 on_row(conv.source, conv.messages, conv.replies)
