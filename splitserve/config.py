@@ -82,11 +82,30 @@ class LossConfig:
     ce_weight: float = 0.1
     tv_weight: float = 0.9
     conf_weight: float = 1.0
-    decay_gamma: float = 4.0  # g in w_k = exp(-(k-1)/g)
+    # g in w_k = exp(-(k-1)/g). None: the value published for the block size (decay_for below).
+    decay_gamma: float | None = None
     # kind=prefix only. CE/TV weights per slot k: decay = exp(-(k-1)/g); survival = P_{k-1};
     # gain = dE[tau]/d alpha_k. The confidence BCE always keeps the decay weights.
     weighting: str = "decay"  # decay | survival | gain
     acc_weight: float = 0.0  # weight of L_acc = -E[tau]/γ
+
+
+# The position decay g published per block size: 4 at γ <= 8 (DeepSpec's DSpark and DFlash
+# configs use 4 at block 7; the DFlash paper 4 at block 8), 5 at γ <= 10 and 7 at γ = 16
+# (the DFlash paper and SpecForge's DFlash recipes). A longer block keeps more weight on its
+# later slots, which the longer accepted prefixes of a larger γ reach.
+DECAY_BY_BLOCK = ((8, 4.0), (10, 5.0))
+DECAY_LONG_BLOCK = 7.0
+
+
+def decay_for(loss: LossConfig, block_size: int) -> float:
+    """g for a block of `block_size`: loss.decay_gamma when set, else the published value."""
+    if loss.decay_gamma is not None:
+        return float(loss.decay_gamma)
+    for limit, g in DECAY_BY_BLOCK:
+        if block_size <= limit:
+            return g
+    return DECAY_LONG_BLOCK
 
 
 @dataclass
@@ -138,6 +157,14 @@ class EvalConfig:
     # Further sampling temperatures at which the trained draft is also measured, e.g. [1.0] for
     # τ at T=1 in ablation reports; each adds a "trained@T=<t>" entry to eval.json.
     extra_temperatures: list[float] = field(default_factory=list)
+    # Further held-out prompt sets measured next to data.heldout_prompts: names of
+    # data/prompt_sets.py ("humaneval", "mtbench", "mtbench2") or prompt files; each at every
+    # temperature above, as "trained[<set>]" entries of eval.json.
+    prompt_sets: list[str] = field(default_factory=list)
+    # Replace the assistant turns of every prompt's history by the target's own greedy replies
+    # (at most max_new_tokens each) before measuring: a served conversation's history is the
+    # target's, not the human-written turns of a dataset.
+    regenerate_history: bool = False
     # Fit STS temperatures for the confidence head on the trained draft's held-out rounds and
     # write calibration.json (DSPARK.md, "Sequential Temperature Scaling"); costs one host read
     # per round, no extra decoding.

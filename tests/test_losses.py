@@ -260,3 +260,37 @@ def test_draft_loss_runs_with_every_loss_config(name):
     assert n_pos > 0 and math.isfinite(m["loss"]) and 1.0 <= m["tau_tf"] <= 5.0
     grads = [p.grad for p in draft.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_dflash_ce_is_decayed_cross_entropy_alone():
+    """loss=dflash_ce (the paper's DFlash baseline): the decayed CE only, whatever the TV gap or
+    a confidence head's logits would add under the paper mix."""
+    x = _inputs(
+        p_d=[[0.5, 0.3, 0.2], [0.1, 0.8, 0.1]],
+        p_t=[[0.2, 0.3, 0.5], [0.6, 0.2, 0.2]],
+        labels=[0, 1],
+        slots=[0, 1],
+        conf_logits=[3.0, -2.0],
+    )
+    out = compute_loss(x, _cfg("dflash_ce"))
+    w0, w1 = 1.0, math.exp(-1 / 4)
+    ce = (-math.log(0.5) * w0 - math.log(0.8) * w1) / (w0 + w1)
+    assert math.isclose(float(out.total), ce, rel_tol=1e-5)
+    assert float(out.tv) > 0.1 and float(out.conf) > 0.1  # logged, not trained on
+
+
+@pytest.mark.parametrize("block_size,g", [(4, 4.0), (7, 4.0), (8, 4.0), (10, 5.0), (16, 7.0)])
+def test_decay_follows_the_block_size_unless_set(block_size, g):
+    from splitserve.config import decay_for
+
+    assert decay_for(LossConfig(), block_size) == g
+    assert decay_for(LossConfig(decay_gamma=2.5), block_size) == 2.5
+    # the loss itself uses it: slot 1 of a γ=16 block weighs exp(-1/7)
+    x = _inputs(p_d=[[0.5, 0.5], [0.5, 0.5]], p_t=[[0.5, 0.5], [0.5, 0.5]], labels=[0, 0], slots=[0, 1],
+                conf_logits=[0.0, 0.0])
+    x.block_size = block_size
+    x.labels = torch.tensor([0, 1])
+    x.draft_logits = torch.tensor([[0.9, 0.1], [0.3, 0.7]]).log()
+    out = compute_loss(x, _cfg("dflash_ce"))
+    w1 = math.exp(-1 / g)
+    assert math.isclose(float(out.total), (-math.log(0.9) - w1 * math.log(0.7)) / (1 + w1), rel_tol=1e-5)

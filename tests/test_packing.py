@@ -120,3 +120,36 @@ def test_collate_right_pads_records_into_one_batch():
         assert torch.equal(batch.final[i, :n], r.final.to(torch.bfloat16))
     # padding: no label, no token, zero features
     assert not batch.loss_mask[0, 3:].any() and not batch.input_ids[0, 3:].any() and not batch.aux[0, 3:].any()
+
+
+def test_anchor_is_never_an_untrained_token():
+    """The last header token precedes the first reply token (x_{a+1} trained) but is not itself
+    trained: at inference the anchor is always a token the target produced, so it is no candidate."""
+    t = 16
+    loss = torch.zeros(1, t, dtype=torch.bool)
+    loss[0, 6:10] = True  # reply 1 (header ends at 5)
+    loss[0, 13:] = True  # reply 2 (header ends at 12)
+    lengths = torch.tensor([t])
+    anchors, valid = sample_anchors(loss, lengths, 32, torch.Generator().manual_seed(0))
+    picked = set(anchors[valid].tolist())
+    # a needs x_a and x_{a+1} trained, and a + 1 inside the sequence
+    assert picked == {6, 7, 8, 13, 14}, picked
+    assert 5 not in picked and 12 not in picked
+
+
+def test_supervision_stops_at_the_first_untrained_label():
+    """A block crossing a gap in the loss mask (the user turn between two replies) supervises its
+    slots up to the gap only: the round could never accept a token past a rejection there."""
+    t = 16
+    ids = torch.arange(t)[None]
+    loss = torch.zeros(1, t, dtype=torch.bool)
+    loss[0, 6:10] = True
+    loss[0, 11:] = True  # position 10 untrained: a one-token gap
+    anchors = torch.tensor([[8]])
+    p = pack_blocks(ids, loss, torch.tensor([t]), anchors, torch.ones(1, 1, dtype=torch.bool), 5, MASK_ID)
+    # slot j predicts position 9 + j: 9 trained, 10 not, 11..13 trained again but unreachable
+    assert p.label_valid[0, 0].tolist() == [True, False, False, False, False]
+    # the end of the sequence stops supervision the same way
+    p = pack_blocks(ids, torch.ones(1, t, dtype=torch.bool), torch.tensor([12]), torch.tensor([[9]]),
+                    torch.ones(1, 1, dtype=torch.bool), 5, MASK_ID)
+    assert p.label_valid[0, 0].tolist() == [True, True, False, False, False]

@@ -20,6 +20,7 @@ from splitserve.data.chat import (
     tokenize_conversation,
 )
 from splitserve.data.chitchat import ChitchatPaths, chitchat_paths
+from splitserve.data.prompt_sets import SETS, prompt_set_path
 from splitserve.data.prompts import encode_prompt, read_prompts
 
 __all__ = [
@@ -56,7 +57,10 @@ def resolve_train_path(name_or_path: str) -> str:
 
 
 def resolve_prompts_path(name_or_path: str) -> str:
-    """Evaluation prompts: "chitchat" -> its held-out prompts, else an existing file."""
+    """Evaluation prompts: "chitchat" -> its held-out prompts, a named set of data/prompt_sets.py
+    ("humaneval", "mtbench", "mtbench2"), else an existing file."""
     if name_or_path == CHITCHAT_NAME:
         return str(chitchat_paths().heldout_prompts)
+    if name_or_path in SETS and not Path(name_or_path).exists():
+        return str(prompt_set_path(name_or_path))
     return _existing_file(name_or_path, "prompts")

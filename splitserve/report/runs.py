@@ -39,6 +39,9 @@ class RunSummary:
     markov_rank: int | None = None
     loss: str | None = None
     num_layers: int | None = None
+    seed: int | None = None
+    train_data: str | None = None
+    heldout: str | None = None  # data.heldout_prompts: the name of the main prompt set
     steps: int | None = None
     tokens_seen: int | None = None
     elapsed_s: float | None = None
@@ -91,7 +94,7 @@ def find_run_dirs(sweep_dir: Path) -> list[Path]:
     return sorted(found, key=_natural_key)
 
 
-def _read_json(path: Path):
+def read_json(path: Path):
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -127,7 +130,7 @@ def _alpha_curve(path: Path) -> list[tuple[int, float]]:
 
 def _tau_curve(path: Path) -> list[tuple[int, float]]:
     """tau_curve.json: [{"tokens_seen": int, "tau": float, ...}, ...] (greedy τ of other checkpoints)."""
-    rows = _read_json(path)
+    rows = read_json(path)
     curve = []
     for row in rows if isinstance(rows, list) else []:
         try:
@@ -141,7 +144,7 @@ def _latest_state(run: Path) -> dict | None:
     pointer = run / "checkpoints" / "latest"
     if not pointer.exists():
         return None
-    return _read_json(pointer.parent / pointer.read_text().strip() / "state.json")
+    return read_json(pointer.parent / pointer.read_text().strip() / "state.json")
 
 
 def read_run(path: Path, sweep_dir: Path) -> RunSummary:
@@ -155,6 +158,9 @@ def read_run(path: Path, sweep_dir: Path) -> RunSummary:
         draft, loss = cfg.get("draft") or {}, cfg.get("loss") or {}
         s.draft, s.block_size, s.markov_rank = draft.get("name"), draft.get("block_size"), draft.get("markov_rank")
         s.num_layers, s.loss = draft.get("num_layers"), loss.get("name") or loss.get("kind")
+        data = cfg.get("data") or {}
+        s.seed, s.train_data, s.heldout = (cfg.get("train") or {}).get("seed"), data.get("train_path"), \
+            data.get("heldout_prompts")
     else:
         problems.append("no config.yaml")
     eval_enabled = bool(((cfg or {}).get("eval") or {}).get("enabled", True))
@@ -169,21 +175,21 @@ def read_run(path: Path, sweep_dir: Path) -> RunSummary:
         if not (state.get("finished") or reached):
             problems.append(f"stopped at step {s.steps}")
 
-    report = _read_json(path / "eval.json")
+    report = read_json(path / "eval.json")
     if isinstance(report, dict):
         for name, entry in report.items():
             try:
                 point = _eval_point(entry)
             except (KeyError, TypeError, ValueError):
                 continue
-            if name.startswith("trained"):
+            if name.startswith("trained") and "[" not in name:  # "trained[<set>]": another prompt set
                 s.trained.setdefault(point.temperature, point)
             elif name == "untrained":
                 s.untrained = point
     elif eval_enabled:
         problems.append("no eval.json")
 
-    cal = _read_json(path / "calibration.json")
+    cal = read_json(path / "calibration.json")
     if isinstance(cal, dict) and cal.get("fits"):
         s.ece_before, s.ece_after = cal["fits"][0].get("ece_before"), cal["fits"][0].get("ece_after")
 

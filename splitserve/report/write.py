@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from splitserve.report.plots import plot_acceptance_by_config, plot_tau_vs_tokens
-from splitserve.report.runs import RunSummary, read_sweep, read_yaml
+from splitserve.report.ratios import ratio_rows, ratio_table
+from splitserve.report.runs import RunSummary, config_labels, read_sweep, read_yaml
 from splitserve.report.table import COLUMNS, markdown_table, table_rows
 
 ACCEPTANCE_PNG = "report_acceptance.png"
@@ -34,6 +35,14 @@ NOTES = """\
 """
 
 
+RATIO_NOTES = """\
+Measured τ of each DSpark run over a DFlash baseline of the same γ, depth, seed and data, on the
+same prompts. **paper-defined**: DFlash trained on cross-entropy alone (`loss=dflash_ce`, no
+confidence head), the DSpark paper's baseline; the ratio bundles the Markov head, the TV loss and
+the confidence head. **head-only**: DFlash trained on the DSpark run's own loss; the ratio is the
+Markov head alone. The interval is a paired bootstrap over prompts (95%)."""
+
+
 def _sweep_overrides(sweep_dir: Path) -> list[str]:
     """The sweep's task overrides from Hydra's multirun.yaml, read as plain YAML like the runs'
     own config files, so the report builds without Hydra installed."""
@@ -53,6 +62,9 @@ def render_markdown(sweep_dir: Path, runs: list[RunSummary]) -> str:
         out.append("Sweep overrides: " + " ".join(f"`{o}`" for o in overrides))
     out += ["", markdown_table(runs), "", f"![acceptance by position]({ACCEPTANCE_PNG})", "",
             f"![τ against training tokens]({TAU_PNG})", ""]
+    ratios = ratio_rows(runs, dict(zip((r.name for r in runs), config_labels(runs))))
+    if ratios:
+        out += ["## DSpark over DFlash", "", RATIO_NOTES, "", ratio_table(ratios), ""]
     incomplete = [r for r in runs if not r.complete]
     if incomplete:
         out += ["## Incomplete runs", ""] + [f"- `{r.name}`: {r.status.removeprefix('incomplete: ')}"

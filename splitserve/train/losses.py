@@ -3,7 +3,8 @@
 Notation per valid block position i (slot k = 1..γ after its anchor):
     p_d   draft distribution (Markov-corrected), p_t target distribution at the same position
     alpha = 1 - 0.5 * ||p_d - p_t||_1        teacher-forced acceptance probability
-    w_k   = exp(-(k-1)/g)                     position decay, each term normalised by sum(w)
+    w_k   = exp(-(k-1)/g)                     position decay, each term normalised by sum(w);
+                                              g = loss.decay_gamma, or per block size (config.decay_for)
     L_ce   = sum w_k * -log p_d(x*)           / sum w
     L_tv   = sum w_k * ||p_d - p_t||_1        / sum w
     L_conf = sum w_k * BCE(c_k, stopgrad(alpha)) / sum w
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from splitserve.config import LossConfig
+from splitserve.config import LossConfig, decay_for
 
 
 @dataclass
@@ -94,7 +95,7 @@ def paper_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
     ce, tv = _row_terms(x)
     alpha = (1.0 - 0.5 * tv).detach()
 
-    w = decay_weights(x.slot, cfg.decay_gamma).to(tv.dtype)
+    w = decay_weights(x.slot, decay_for(cfg, x.block_size)).to(tv.dtype)
     wsum = w.sum().clamp_min(1e-8)
     l_ce = (w * ce).sum() / wsum
     l_tv = (w * tv).sum() / wsum
@@ -176,7 +177,7 @@ def prefix_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
     a = grid.scatter(alpha, fill=1.0)  # (NB, γ)
     exp_len = expected_length(a, grid.valid)  # (NB,)
 
-    decay = decay_weights(x.slot, cfg.decay_gamma).to(tv.dtype)
+    decay = decay_weights(x.slot, decay_for(cfg, x.block_size)).to(tv.dtype)
     # Weights are constants (computed from a detached alpha). With a gradient through them,
     # lowering w_k = P_{k-1} would itself lower the loss, i.e. the draft would be paid for
     # making the earlier slots worse. Detached, they only say where effort goes; raising the

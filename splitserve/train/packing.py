@@ -23,7 +23,7 @@ class PackedBlocks:
     block_pos: torch.Tensor  # (B, N*γ)
     mask: torch.Tensor  # (B, 1, N*γ, T + N*γ) bool, True = may attend
     label_pos: torch.Tensor  # (B, N, γ) position of the token each slot predicts (clamped to T-1)
-    label_valid: torch.Tensor  # (B, N, γ) bool: inside the sequence and on a trained token
+    label_valid: torch.Tensor  # (B, N, γ) bool: this slot and all before it inside the sequence, on trained tokens
 
 
 def sample_anchors(
@@ -35,7 +35,10 @@ def sample_anchors(
     """loss_mask: (B, T) bool, lengths: (B,) -> anchors (B, N), valid (B, N).
 
     Candidates are positions a >= 1 (the draft always has some context, as after a prefill)
-    whose first prediction x_{a+1} is a trained token. Sampled without replacement; a
+    where both the anchor x_a and its first prediction x_{a+1} are trained tokens. At inference
+    the anchor is always a token the target produced (the previous round's bonus, or the first
+    reply token that the prefill produced), never the last header token, so training does not
+    spend anchors there either (the reference's candidate rule). Sampled without replacement; a
     sequence with fewer than n candidates gets padding anchors marked invalid. `generator` is
     one generator for all rows, or one per row.
     """
@@ -44,9 +47,10 @@ def sample_anchors(
     anchors = torch.zeros(b, n, dtype=torch.long)
     valid = torch.zeros(b, n, dtype=torch.bool)
     for i in range(b):
+        cur = loss_mask[i].cpu().bool()
         nxt = torch.zeros(t, dtype=torch.bool)
-        nxt[:-1] = loss_mask[i, 1:].cpu()
-        cand = pos[(pos >= 1) & (pos + 1 < int(lengths[i])) & nxt]
+        nxt[:-1] = cur[1:]
+        cand = pos[(pos >= 1) & (pos + 1 < int(lengths[i])) & cur & nxt]
         if len(cand) == 0:
             continue
         g = generator if isinstance(generator, torch.Generator) else generator[i]
@@ -80,7 +84,10 @@ def pack_blocks(
     inside = label_pos < lengths.to(dev)[:, None, None]
     label_pos = label_pos.clamp(max=t - 1)
     on_loss = torch.gather(loss_mask, 1, label_pos.view(b, -1)).view(b, n, g).bool()
-    label_valid = inside & on_loss & anchor_valid[:, :, None]
+    # A slot is supervised only while every slot before it is: a round stops at its first
+    # rejection, so no slot past an untrained label (a user turn inside the block, the end of
+    # the sequence) can ever be reached through it. Cumulative product along the block.
+    label_valid = torch.cumprod((inside & on_loss).to(torch.int32), dim=-1).bool() & anchor_valid[:, :, None]
 
     # Context part: query in block n sees context t < a_n.  (B, N, 1, T) -> (B, N*γ, T)
     ctx_ok = torch.arange(t, device=dev)[None, None, None, :] < anchors[:, :, None, None]

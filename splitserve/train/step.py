@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from splitserve.config import LossConfig
+from splitserve.config import LossConfig, decay_for
 from splitserve.models.dspark import DSparkDraft
 from splitserve.records import HiddenRecord
 from splitserve.target.sdpa import varlen_sdpa
@@ -84,7 +84,7 @@ def position_weight(packed: PackedBlocks, loss_cfg: LossConfig) -> torch.Tensor:
     average for the others.
     """
     slot = packed.label_valid.nonzero(as_tuple=True)[2]
-    return decay_weights(slot, loss_cfg.decay_gamma).sum()
+    return decay_weights(slot, decay_for(loss_cfg, packed.label_valid.shape[-1])).sum()
 
 
 def draft_loss(
