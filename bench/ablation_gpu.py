@@ -341,7 +341,8 @@ def main() -> None:
     t.add_argument("--capture-graphs", action="store_true", help="target.capture_graphs=true (target/bucketed.py)")
     t.add_argument("--runs", nargs="+", default=None, metavar="DRAFT:LOSS",
                    help="train only these runs, e.g. dspark_b16:prefix (default: the 2x2 grid and the four DFlash "
-                        "baselines; dspark_b16_gated:prefix and dspark_b16_rnn:prefix on request; fewer runs share the GPU "
+                        "baselines; dspark_b16_gated:prefix and dspark_b16_rnn:prefix on request; fewer runs share the "
+                        "GPU "
                         "and host with fewer others, so each goes further in the same minutes)")
     t.add_argument("--num-layers", type=int, default=None, help=f"draft layers (recipe: {RECIPE['num_layers']})")
     t.add_argument("--batch-size", type=int, default=None, help=f"sequences per step (recipe: {RECIPE['batch_size']})")
