@@ -19,11 +19,11 @@ case "${1:?gen | train | eval}" in
 gen)
     src=${2:?SRC_DIR}
     cat "$src"/chat.jsonl "$src"/instr.jsonl "$src"/code.jsonl > "$WORK/prompts.jsonl"
+    cp "$src"/heldout_chat.jsonl "$WORK/heldout_chat.jsonl"
     python3 - "$WORK" <<'PY'
 import json, sys, time
 from pathlib import Path
 from splitserve.data.gen import GenConfig, run_gen
-from splitserve.data import chitchat_paths
 work = Path(sys.argv[1])
 common = dict(target="smollm2-135m", max_new_tokens=256, batch_size=256, device="cuda", dtype="bfloat16")
 jobs = {
@@ -32,7 +32,7 @@ jobs = {
                                temperature=0.7, top_p=0.8, top_k=20, max_turns=2, **common),
     # held-out prompts: every history turn is the target's own greedy reply (the last reply is dropped
     # when the file is read as prompts)
-    "heldout_regen": GenConfig(data=str(chitchat_paths().heldout_prompts), out=str(work / "heldout_regen.jsonl"),
+    "heldout_regen": GenConfig(data=str(work / "heldout_chat.jsonl"), out=str(work / "heldout_regen.jsonl"),
                                temperature=0.0, **common),
 }
 summary = {}
