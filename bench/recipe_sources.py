@@ -8,6 +8,7 @@ and code, as prompt JSONL files that `splitserve gen` answers with the target's 
                   ShareGPT V3 unfiltered cleaned split; its bundled JSON is cut short at 120 MiB,
                   so it is read object by object up to the cut: 17,671 whole conversations)
     code.jsonl    ShareGPT first user turns of conversations that carry a fenced code block
+    heldout_chat.jsonl  chitchat's held-out prompts (the GPU machine has no chitchat wheel)
 
 None of these prompts is in a held-out set: those are chitchat's held-out conversations,
 HumanEval and MT-Bench (splitserve/data/prompt_sets.py), other collections.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 from pathlib import Path
 
 from splitserve.assets import package_dir
@@ -75,6 +77,7 @@ def main() -> None:
         rows = rows[: args.per_source]
         (out / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         counts[name] = len(rows)
+    shutil.copy(chitchat_paths().heldout_prompts, out / "heldout_chat.jsonl")
     print(json.dumps({"sharegpt_conversations": len(convs), "instr_available": len(instr),
                       "code_available": len(code), "written": counts}))
 
