@@ -9,8 +9,8 @@ is neither extracted nor stubbed raises NameError: a changed code path fails the
 """
 
 from __future__ import annotations
-
 import __future__ as future_flags
+
 import ast
 import enum
 import functools
@@ -272,11 +272,13 @@ def dspark_release() -> SimpleNamespace:
         "DEFAULT_DSPARK_GAMMA", "SUPPORTED_DSPARK_MARKOV_HEAD_TYPES", "get_dspark_sample_from_anchor",
         "dspark_gamma_from_num_draft_tokens", "DSparkDraftConfig", "DSparkRuntimeConfig", "resolve_runtime_config",
         "_cfg_get", "_get_text_config", "_get_nested_config", "_get_dspark_config", "parse_dspark_draft_config",
-    ], dict(typing_names, msgspec=SimpleNamespace(Struct=Struct), parse_dflash_draft_config=du["parse_dflash_draft_config"]))
+    ], dict(typing_names, msgspec=SimpleNamespace(Struct=Struct),
+            parse_dflash_draft_config=du["parse_dflash_draft_config"]))
     rv = load("speculative/ragged_verify.py", ["RaggedVerifyMode", "read_ragged_verify_mode"],
               {"Enum": enum.Enum, "envs": Envs()})
     weight_utils = load("model_loader/weight_utils.py", ["default_weight_loader"], {"torch": torch})
-    common = {**cpu_primitives(), **typing_names, "default_weight_loader": RECORDER.wrap(weight_utils["default_weight_loader"])}
+    loader = RECORDER.wrap(weight_utils["default_weight_loader"])
+    common = {**cpu_primitives(), **typing_names, "default_weight_loader": loader}
     df = dict(common)
     df["AttentionType"] = load("layers/radix_attention.py", ["AttentionType"], {"Enum": enum.Enum})["AttentionType"]
     df["get_rope_config"] = load("utils/hf_transformers/common.py", ["get_rope_config"], {})["get_rope_config"]
