@@ -33,8 +33,9 @@ SRT = "sglang/srt/"
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "splitserve" / "wheels"
+    from splitserve.assets import cache_dir
+
+    return cache_dir() / "wheels"
 
 
 @functools.lru_cache(maxsize=1)
