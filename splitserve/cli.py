@@ -3,7 +3,7 @@
     splitserve train  [hydra overrides]   distil a draft, then evaluate it on held-out prompts
     splitserve dump   [hydra overrides]   store the target's hidden states for offline training
     splitserve eval   --draft D [...]     speculative decoding against the real target
-    splitserve export RUN_DIR OUT_DIR     Hugging Face (or --format sglang) checkpoint of a trained draft
+    splitserve export RUN_DIR OUT_DIR     Hugging Face (or --format speculators / sglang) checkpoint of a draft
     splitserve gen    --out FILE [...]    regenerate a prompt set's assistant turns with the target
     splitserve calibrate RUN_DIR          fit STS temperatures of the confidence head (calibration.json)
     splitserve report SWEEP_DIR           Markdown table and PNG plots over the runs of a sweep

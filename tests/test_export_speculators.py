@@ -11,7 +11,10 @@ What vLLM 0.33 reads from the config is checked against keys read from its sourc
 build_vllm_speculative_config); vLLM itself is CUDA-only and not run here.
 """
 
+import ast
 import json
+import os
+import zipfile
 
 import pytest
 import torch
@@ -154,3 +157,31 @@ def test_cli_export_speculators(tmp_path, tiny_smol_dir, capsys):
     assert cfg.speculators_config.verifier.name_or_path == str(tiny_smol_dir.resolve())
     assert cfg.transformer_layer_config.max_position_embeddings == 2048  # the target's
     assert load_file(str(tmp_path / "spec" / "model.safetensors"))["fc.weight"].dtype == torch.bfloat16
+
+
+VLLM_WHEEL = os.environ.get("SPLITSERVE_VLLM_WHEEL")  # a vllm-0.33.0 wheel (336 MB: not in CI)
+
+
+@pytest.mark.skipif(not VLLM_WHEEL, reason="set SPLITSERVE_VLLM_WHEEL to a downloaded vllm 0.33.0 wheel")
+def test_vllm_own_config_code_reads_our_export(tmp_path):
+    """vLLM's speculators config code (transformers_utils/configs/speculators/algos.py update_dspark,
+    base.py SpeculatorsConfig's dict-level methods), compiled from its wheel, over our config.json."""
+    wheel = zipfile.ZipFile(VLLM_WHEEL)
+    algos: dict = {}
+    exec(compile(wheel.read("vllm/transformers_utils/configs/speculators/algos.py").decode(), "algos.py", "exec"),
+         algos)
+    tree = ast.parse(wheel.read("vllm/transformers_utils/configs/speculators/base.py").decode())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SpeculatorsConfig")
+    methods = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in (
+        "extract_transformers_pre_trained_config", "validate_speculators_config", "build_vllm_speculative_config",
+        "extract_vllm_speculative_config")]
+    shell = ast.fix_missing_locations(ast.ClassDef(name="S", bases=[], keywords=[], body=methods,
+                                                   decorator_list=[], type_params=[]))
+    ns = {"SUPPORTED_SPECULATORS_TYPES": algos["SUPPORTED_SPECULATORS_TYPES"], "Any": object}
+    exec(compile(ast.Module(body=[shell], type_ignores=[]), "base.py", "exec"), ns)
+    _, draft, exp = _export(tmp_path, markov_rank=8)
+    cfg = json.loads((exp.out_dir / "config.json").read_text())
+    hf = ns["S"].extract_transformers_pre_trained_config(json.loads(json.dumps(cfg)))
+    assert hf["architectures"] == ["Qwen3DSparkModel"] and hf["target_layer_ids"] == list(draft.arch.target_layer_ids)
+    assert hf["sample_from_anchor"] is True and hf["dspark_bonus_anchor"] is False
+    assert ns["S"].extract_vllm_speculative_config(cfg) == {"method": "dspark", "num_speculative_tokens": GAMMA}
