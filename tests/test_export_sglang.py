@@ -1,12 +1,13 @@
 """`--format sglang`: config keys, weight names, shapes and dtypes checked against a spec written
-from SGLang's loaders, and a reference forward that reads the checkpoint the way they do.
+from SGLang 0.5.23's loaders, and a reference forward that reads the checkpoint the way they do
+(tests/test_sglang_contract.py runs that release's own parsing and load_weights over the export).
 
-Spec sources (sgl-project/sglang):
-  python/sglang/srt/models/dflash.py                       DFlashDraftModel / DFlashAttention / DFlashMLP
-  python/sglang/srt/models/dspark.py                       VanillaMarkov, GatedMarkovHead, DSparkConfidenceHead
-  python/sglang/srt/speculative/dflash_utils.py            parse_dflash_draft_config
-  python/sglang/srt/speculative/dspark_components/dspark_config.py   parse_dspark_draft_config
-  python/sglang/srt/speculative/dspark_components/dspark_draft.py    block of γ rows, all emitted
+Spec sources (sglang 0.5.23, python/sglang/srt/):
+  models/dflash.py                       DFlashDraftModel / DFlashAttention / DFlashMLP
+  models/dspark.py                       VanillaMarkov, GatedMarkovHead, RNNHead, DSparkConfidenceHead
+  speculative/dflash_utils.py            parse_dflash_draft_config
+  speculative/dspark_components/dspark_config.py   parse_dspark_draft_config
+  speculative/dspark_components/dspark_draft.py    sample_from_anchor: a block of γ rows, all emitted
 """
 
 import json
@@ -18,7 +19,8 @@ from safetensors.torch import load_file
 from tiny import tiny_draft, tiny_target
 
 import splitserve.cli as cli
-from splitserve.export.sglang import export_sglang, launch_command, sglang_name
+from splitserve.export.names import checkpoint_name, served_weights
+from splitserve.export.sglang import export_sglang, launch_command, refuse_options, sglang_config
 
 
 def sglang_spec(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -58,30 +60,32 @@ def sglang_spec(cfg: dict) -> dict[str, tuple[int, ...]]:
     return spec
 
 
-def _export(tmp_path, markov_rank=8, layer_ids=(1, 2, 4), algorithm=None, keep_fp32=False, **kw):
+def _export(tmp_path, markov_rank=8, layer_ids=(1, 2, 4), **kw):
     target = tiny_target(seed=1, layer_ids=layer_ids)
     draft = tiny_draft(target, block_size=4, markov_rank=markov_rank, **kw)
     torch.manual_seed(3)
     for p in draft.parameters():  # every trained weight non-trivial, W2 and the norms included
         if p.requires_grad:
             torch.nn.init.normal_(p, mean=0.1 if p.dim() == 1 else 0.0, std=0.3)
-    exp = export_sglang(draft, tmp_path / "sg", target.info.num_layers, algorithm=algorithm, keep_fp32=keep_fp32)
+    exp = export_sglang(draft, tmp_path / "sg", target.info.num_layers)
     cfg = json.loads((exp.out_dir / "config.json").read_text())
     return target, draft, exp, cfg, load_file(str(exp.out_dir / "model.safetensors"))
 
 
-@pytest.mark.parametrize("markov_rank, head", [(8, "vanilla"), (8, "gated"), (8, "rnn"), (0, "vanilla")])
+@pytest.mark.parametrize("markov_rank, head", [(8, "vanilla"), (8, "gated"), (8, "rnn"), (0, "vanilla"), (0, "rnn")])
 def test_dspark_config_and_every_weight_match_the_loader(tmp_path, markov_rank, head):
     target, draft, exp, cfg, w = _export(tmp_path, markov_rank=markov_rank, markov_head_type=head)
     a = draft.arch
-    assert exp.algorithm == "dspark"
     assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["model_type"] == "qwen3"
     assert cfg["block_size"] == 4  # DSpark gamma: γ rows drafted, verify window γ+1
     dc = cfg["dflash_config"]
     assert dc["mask_token_id"] == a.mask_token_id < cfg["vocab_size"]
     assert dc["target_layer_ids"] == [1, 2, 4] and dc["num_target_layers"] == 6
     assert all(0 <= i < dc["num_target_layers"] for i in dc["target_layer_ids"])
-    assert cfg["markov_rank"] == max(markov_rank, 1) and cfg["markov_head_type"] == head
+    # rank 0 is served through a rank-1 vanilla head (SGLang's DSpark refuses markov_rank=0)
+    assert cfg["markov_rank"] == max(markov_rank, 1)
+    assert cfg["markov_head_type"] == (head if markov_rank else "vanilla")
+    assert cfg["sample_from_anchor"] is True and cfg["torch_dtype"] == "bfloat16"
     assert cfg["enable_confidence_head"] is True
     assert cfg["confidence_head_with_markov"] is (markov_rank > 0)
     assert cfg["hidden_act"] == "silu" and cfg["layer_types"] == ["full_attention"] * a.num_layers
@@ -111,21 +115,24 @@ def test_config_parses_through_autoconfig_as_sglang_reads_it(tmp_path):
     assert c.dflash_config["target_layer_ids"] == [1, 2, 4] and c.markov_rank == 8 and c.block_size == 4
 
 
-def test_dflash_layout_for_markov_rank_zero(tmp_path):
-    _, draft, exp, cfg, w = _export(tmp_path, markov_rank=0, algorithm="dflash", enable_confidence_head=False)
-    assert exp.algorithm == "dflash"
-    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 4
-    assert cfg["dflash_config"]["target_layer_ids"] == [1, 2, 4]
-    assert "markov_rank" not in cfg
-    spec = sglang_spec(cfg)
-    assert set(w) == set(spec)
-    assert all(tuple(w[k].shape) == s for k, s in spec.items())
-    assert "--speculative-algorithm DFLASH" in launch_command(exp)
+@pytest.mark.parametrize("algorithm, keep_fp32, match", [
+    ("dflash", False, "DFLASH worker reads block slot j as the j-th token"),
+    ("dspark", True, "float32 draft under its default --dtype auto as float16"),
+])
+def test_unservable_options_are_refused_with_the_reason(algorithm, keep_fp32, match):
+    with pytest.raises(ValueError, match=match):
+        refuse_options(algorithm, keep_fp32)
+    refuse_options("dspark", False)  # the default passes
 
 
-def test_dflash_refuses_a_markov_head(tmp_path):
-    with pytest.raises(ValueError, match="no Markov head"):
-        _export(tmp_path, markov_rank=8, algorithm="dflash")
+def test_cli_refuses_dflash_before_loading_anything(tmp_path, monkeypatch):
+    def no_load(*a, **k):
+        raise AssertionError("the draft was read before the option check")
+
+    monkeypatch.setattr("splitserve.models.io.read_draft_meta", no_load)
+    with pytest.raises(ValueError, match="--algorithm dflash is refused"):
+        cli.export_main([str(tmp_path / "run"), str(tmp_path / "sg"), "--format", "sglang", "--algorithm", "dflash"])
+    assert not (tmp_path / "sg").exists()
 
 
 def test_every_trained_parameter_has_an_sglang_slot(tmp_path):
@@ -134,9 +141,9 @@ def test_every_trained_parameter_has_an_sglang_slot(tmp_path):
                dict(markov_rank=0)):
         draft = tiny_draft(target, **kw)
         for name in draft.trainable_state_dict():
-            sglang_name(name)  # KeyError would mean a weight SGLang cannot load
+            checkpoint_name(name)  # KeyError would mean a weight SGLang cannot load
         with pytest.raises(KeyError):
-            sglang_name("embed_tokens.weight")
+            checkpoint_name("embed_tokens.weight")
 
 
 # ---- a forward written from SGLang's modules, reading the checkpoint as its loader does ----
@@ -216,7 +223,10 @@ def sglang_reference_logits(cfg, w, aux, ctx_len, anchor, prev_ids, embed, lm_he
      dict(markov_rank=8, layer_ids=(4, 1, 2))],  # unsorted captures: fc columns follow SGLang's order
 )
 def test_sglang_reference_forward_equals_ours(tmp_path, kw):
-    target, draft, _, cfg, w = _export(tmp_path, keep_fp32=True, **kw)
+    # The layout in float32 (served_weights: the same names and permutation the file holds, before
+    # the bfloat16 cast), so the comparison measures the mapping, not bfloat16 rounding.
+    target, draft, _, _, _ = _export(tmp_path, **kw)
+    cfg, w = sglang_config(draft, target.info.num_layers), served_weights(draft)
     ids = torch.randint(0, 90, (1, 16), generator=torch.Generator().manual_seed(0))
     aux = target.capture(ids).aux  # (1, T, m*D) in our layer-id order
     c, block = 12, ids[:, 12:16]
@@ -239,6 +249,7 @@ def test_cli_export_sglang(tmp_path, tiny_smol_dir, capsys):
     cli.export_main([str(hf), str(tmp_path / "sg"), "--target", str(tiny_smol_dir), "--format", "sglang"])
     out = capsys.readouterr().out
     assert "--speculative-algorithm DSPARK" in out and "--speculative-dspark-block-size 4" in out
+    assert f"--model-path {tiny_smol_dir.resolve()}" in out  # the directory SGLang opens, not an alias
     cfg = json.loads((tmp_path / "sg" / "config.json").read_text())
     w = load_file(str(tmp_path / "sg" / "model.safetensors"))
     assert set(w) == set(sglang_spec(cfg))
@@ -255,6 +266,10 @@ def test_sts_calibration_file(tmp_path):
     sts = json.loads(exp.sts_file.read_text())
     assert sts == {"temperatures": [1.0, 1.2, 1.5, 2.0], "dataset": "20 prompts", "num_samples": 37}
     assert len(sts["temperatures"]) == json.loads((exp.out_dir / "config.json").read_text())["block_size"]
-    assert f"--speculative-dspark-confidence-sts-path {exp.sts_file}" in launch_command(exp)
+    cmd = launch_command(exp, "/models/target")
+    assert f"--speculative-dspark-confidence-sts-path {exp.sts_file}" in cmd
+    # the STS file is read only where the confidence head is built: not in the default static mode
+    assert cmd.startswith("SGLANG_RAGGED_VERIFY_MODE=cap-accept python -m sglang.launch_server")
+    assert "SGLANG_RAGGED_VERIFY_MODE" not in launch_command(export_sglang(draft, tmp_path / "sg3", 6), "/t")
     no_conf = tiny_draft(target, block_size=4, markov_rank=8, enable_confidence_head=False)
     assert export_sglang(no_conf, tmp_path / "sg2", 6, calibration).sts_file is None

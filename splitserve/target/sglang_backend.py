@@ -1,34 +1,37 @@
 """SGLang target backend: the frozen target run in-process by SGLang's model runner (CUDA only).
 
-NOT YET RUN: written against SGLang's source and not yet executed (it needs sglang and a CUDA GPU).
-The parity test (tests/test_sglang_backend.py) runs wherever both exist. docs/sglang.md lists what
-is established and what is not.
+Written against sglang 0.5.23 (the `[sglang]` extra pins it) and refused, before anything loads,
+on any other version: SGLang changed these internals between releases. NOT YET RUN on a GPU:
+tests/test_sglang_backend.py checks, without importing sglang, that every SGLang module, class,
+method, attribute and keyword this file uses exists in 0.5.23's source; the parity test there and
+bench/sglang_target_gpu.sh run it where sglang and a CUDA GPU exist.
 
 It captures exactly what the transformers backend captures (`Capture`: the m captured layers'
 outputs and the final-norm hidden state) for training and `splitserve dump`; it does not decode,
 so held-out evaluation, `eval` and `serve` keep the transformers backend.
 
-SGLang touchpoints, each taken from sgl-project/sglang unless noted:
-  python/sglang/srt/models/qwen3.py (and llama.py, qwen2.py): `set_dflash_layers_to_capture(ids)`
-      / `set_eagle3_layers_to_capture(ids)` set `model.layers_to_capture = [l + 1 for l in ids]`;
-      the decoder loop captures the residual stream entering layer l+1 (the output of layer l,
-      HF `hidden_states[l + 1]`) in ascending layer order, and the causal LM calls
-      `logits_processor(input_ids, hidden_states, lm_head, forward_batch, aux_hidden_states)`
-      with `hidden_states` after the final norm. A pre-hook on that call reads both.
-  python/sglang/srt/model_executor/model_runner.py: ModelRunner(model_config, mem_fraction_static,
-      gpu_id, tp_rank, tp_size, moe_ep_rank, moe_ep_size, pp_rank, pp_size, nccl_port, server_args)
-  python/sglang/srt/managers/schedule_batch.py: Req, ScheduleBatch.init_new, prepare_for_extend,
-      get_model_worker_batch; forward_batch_info.py: ForwardBatch.init_new
-  The extend sequence is the one SpecForge's SGLang target runs for DFlash/EAGLE3 training data
-  (sgl-project/SpecForge specforge/modeling/target/dflash_target_model.py, `_extend`).
+SGLang touchpoints (sglang 0.5.23, python/sglang/srt/ unless noted):
+  benchmark/one_batch.py (package sglang/): load_model and extend are the recipe followed here,
+      prefill only: ServerArgs.resolve_once, runtime_context.publish, the gemm/moe config
+      initialisers, distributed.bootstrap.init_parallel_runtime / init_layer_runtime,
+      ModelRunner(model_config, mem_fraction_static, gpu_id, nccl_port, server_args),
+      alloc_memory_pool, init_attention_backends (no CUDA graphs: prefill only);
+      Req + full_untruncated_fill_ids / logprob_start_len / extend_end, ScheduleBatch.init_new with
+      a no-prefix-sharing tree cache, prepare_for_extend, ForwardBatch.init_new, ModelRunner.forward.
+  models/llama.py (and qwen3.py, qwen2.py): `set_dflash_layers_to_capture(ids)` sets
+      `layers_to_capture = [l + 1 for l in ids]`; the decoder loop captures the residual stream
+      entering layer l+1 (the output of layer l, HF `hidden_states[l + 1]`) in ascending order, and
+      the causal LM calls `logits_processor(input_ids, hidden_states, lm_head, forward_batch,
+      aux_hidden_states)` with `hidden_states` after the final norm. A pre-hook on that call reads both.
 Glossary: B batch, T tokens, D hidden, V vocab, m captured layers.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
-import inspect
-import socket
+from array import array
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -44,6 +47,9 @@ DECODE_MESSAGE = (
 )
 
 
+SGLANG_VERSION = "0.5.23"  # the release this file is written and contract-tested against
+
+
 class SGLangUnavailable(RuntimeError):
     """target.backend=sglang was selected where it cannot run."""
 
@@ -52,11 +58,22 @@ def _sglang_installed() -> bool:
     return importlib.util.find_spec("sglang") is not None
 
 
+def _sglang_version() -> str:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:  # importable but not installed as a distribution
+        return "of unknown version"
+
+
 def missing_requirements(device: str | torch.device | None) -> list[str]:
     """Why the sglang backend cannot start here ([] when it can). Imports nothing heavy."""
     problems = []
     if not _sglang_installed():
         problems.append("the sglang package is not installed (pip install -e '.[sglang]')")
+    elif _sglang_version() != SGLANG_VERSION:
+        problems.append(f"sglang {_sglang_version()} is installed, but this backend drives SGLang's internal "
+                        f"ModelRunner API as of sglang {SGLANG_VERSION}, which changes between releases "
+                        f"(pip install 'sglang=={SGLANG_VERSION}')")
     if not torch.cuda.is_available():
         problems.append("no CUDA GPU is visible (SGLang's model runner needs one)")
     elif device is not None and str(device) != "auto" and torch.device(device).type != "cuda":
@@ -77,54 +94,66 @@ def _gpu_index(device: str | torch.device | None) -> int:
     return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _accepted(fn, kwargs: dict) -> dict:
-    """The kwargs `fn` takes: SGLang adds and drops constructor arguments between releases."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in params}
-
-
 def start_runner(path: str, cfg: TargetConfig, gpu_id: int):
-    """SGLang's ModelRunner for one GPU, tensor parallel 1, no CUDA graphs (prefill only)."""
-    from sglang.srt import server_args as sa
+    """SGLang's ModelRunner for one GPU, tensor parallel 1, eager (benchmark/one_batch.py load_model)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed import bootstrap
+    from sglang.srt.entrypoints.engine import _set_envs_and_config
+    from sglang.srt.layers.moe import initialize_moe_config
+    from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config
+    from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
+    from sglang.srt.layers.quantization.unquant import initialize_bf16_gemm_config
     from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.runtime_context import SpawnRanks, get_device, get_model, publish, spawn_world_rank
+    from sglang.srt.server_args import PortArgs, ServerArgs
 
     torch.cuda.set_device(gpu_id)
-    server_args = sa.ServerArgs(model_path=path, dtype=cfg.dtype, tp_size=1, pp_size=1, disable_cuda_graph=True,
-                                mem_fraction_static=cfg.sglang_mem_fraction)
-    if hasattr(sa, "set_global_server_args_for_scheduler"):  # newer releases read it back globally
-        sa.set_global_server_args_for_scheduler(server_args)
-    kwargs = dict(model_config=ModelConfig.from_server_args(server_args), mem_fraction_static=cfg.sglang_mem_fraction,
-                  gpu_id=gpu_id, tp_rank=0, tp_size=1, moe_ep_rank=0, moe_ep_size=1, pp_rank=0, pp_size=1,
-                  nccl_port=_free_port(), server_args=server_args)
-    try:
-        return ModelRunner(**_accepted(ModelRunner.__init__, kwargs))
-    except TypeError as exc:
-        raise SGLangUnavailable(f"this sglang's ModelRunner takes other arguments than this backend passes: "
-                                f"{exc}") from exc
+    server_args = ServerArgs(model_path=path, dtype=cfg.dtype, tp_size=1, base_gpu_id=gpu_id,
+                             mem_fraction_static=cfg.sglang_mem_fraction, disable_cuda_graph=True)
+    server_args.resolve_once()
+    _set_envs_and_config(server_args)
+    port_args = PortArgs.init_new(server_args)
+    publish(server_args, role="scheduler",
+            ranks=SpawnRanks(world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), gpu_id=gpu_id))
+    initialize_moe_config()
+    initialize_fp8_gemm_config()
+    initialize_bf16_gemm_config()
+    initialize_fp4_gemm_config()
+    model_config = ModelConfig.from_server_args(server_args)
+    bootstrap.init_parallel_runtime(server_args=server_args, device=get_device().device,
+                                    dist_port=port_args.nccl_port)
+    bootstrap.init_layer_runtime(model_config=model_config)
+    runner = ModelRunner(model_config=model_config, mem_fraction_static=resolving_view(server_args).mem_fraction_static,
+                         gpu_id=gpu_id, nccl_port=port_args.nccl_port, server_args=server_args)
+    overlap = get_model().is_startup_weight_load_overlap
+    if overlap:
+        runner.start_startup_weight_load()
+    runner.alloc_memory_pool()
+    runner.init_attention_backends()
+    if overlap:
+        runner.finalize_startup_weight_load()
+    return runner
 
 
-def _tree_cache(runner):
-    """A fresh radix cache over the runner's pools (constructor changed across releases)."""
-    from sglang.srt.mem_cache.radix_cache import RadixCache
+class _NoPrefixCache(SimpleNamespace):
+    """The tree cache ScheduleBatch allocates through, sharing nothing (one_batch.py's
+    TreeCacheNamespace): every capture depends on its own tokens only."""
 
-    page_size = runner.server_args.page_size
-    try:
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-    except ImportError:
-        return RadixCache(req_to_token_pool=runner.req_to_token_pool,
-                          token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator, page_size=page_size)
-    return RadixCache(CacheInitParams(disable=False, req_to_token_pool=runner.req_to_token_pool,
-                                      token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
-                                      page_size=page_size))
+    def supports_swa(self) -> bool:
+        return False
+
+    def supports_mamba(self) -> bool:
+        return False
+
+    def supports_prefix_sharing(self) -> bool:
+        return True
+
+    def evict(self, params) -> None:
+        pass
+
+    def maybe_hand_to_session(self, req) -> None:
+        pass
 
 
 class SGLangTarget:
@@ -142,11 +171,11 @@ class SGLangTarget:
         if ids != sorted(set(ids)):
             # SGLang captures each layer once, in ascending order; the draft's W_c columns follow ids.
             raise ValueError(f"the sglang backend needs strictly increasing target.layer_ids, got {ids}")
-        setter = getattr(self.model, "set_dflash_layers_to_capture", None) or getattr(
-            self.model, "set_eagle3_layers_to_capture", None)
+        setter = getattr(self.model, "set_dflash_layers_to_capture", None)
         if setter is None:
             raise SGLangUnavailable(f"SGLang's {type(self.model).__name__} cannot capture layer outputs "
-                                    "(no set_dflash_layers_to_capture / set_eagle3_layers_to_capture)")
+                                    "(no set_dflash_layers_to_capture): use a target family SGLang's DFLASH "
+                                    "or DSPARK serve (Llama, Qwen2/3, ...)")
         setter(ids)
         self.model.logits_processor.register_forward_pre_hook(self._on_logits, with_kwargs=True)
 
@@ -168,6 +197,7 @@ class SGLangTarget:
         """One prefill of all rows -> final (ΣT, D), aux (ΣT, m*D), rows concatenated."""
         from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+        from sglang.srt.runtime_context import get_schedule
         from sglang.srt.sampling.sampling_params import SamplingParams
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -178,23 +208,30 @@ class SGLangTarget:
                              "(raise target.sglang_mem_fraction or lower data.max_length)")
         reqs = []
         for i, ids in enumerate(rows):
-            req = Req(rid=f"capture-{i}", origin_input_text="", origin_input_ids=list(ids),
+            req = Req(rid=f"capture-{i}", origin_input_text="", origin_input_ids=array("q", ids),
                       sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
-            req.fill_ids = req.origin_input_ids
-            req.extend_input_len = len(req.fill_ids) - len(req.prefix_indices)
+            req.full_untruncated_fill_ids = req.origin_input_ids
+            req.logprob_start_len = -1
+            req.extend_end = len(req.origin_input_ids)
             reqs.append(req)
-        batch = ScheduleBatch.init_new(**_accepted(ScheduleBatch.init_new, dict(
-            reqs=reqs, req_to_token_pool=self.runner.req_to_token_pool,
-            token_to_kv_pool_allocator=self.runner.token_to_kv_pool_allocator, tree_cache=_tree_cache(self.runner),
-            model_config=self.runner.model_config, enable_overlap=False, spec_algorithm=SpeculativeAlgorithm.NONE)))
+        runner = self.runner
+        tree_cache = _NoPrefixCache(page_size=get_schedule().page_size, device=runner.device,
+                                    token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator)
+        batch = ScheduleBatch.init_new(reqs=reqs, req_to_token_pool=runner.req_to_token_pool,
+                                       token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+                                       tree_cache=tree_cache, model_config=runner.model_config, enable_overlap=False,
+                                       spec_algorithm=SpeculativeAlgorithm.NONE)
         batch.prepare_for_extend()
-        forward_batch = ForwardBatch.init_new(batch.get_model_worker_batch(), self.runner)
+        if batch.input_ids is None and getattr(batch, "prefill_input_ids_cpu", None) is not None:
+            batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device, non_blocking=True)
+            batch.prefill_input_ids_cpu = None
+        forward_batch = ForwardBatch.init_new(batch, runner, return_hidden_states_before_norm=False)
         self._final = self._aux = None
         try:
-            self.runner.forward(forward_batch)
+            runner.forward(forward_batch)
         finally:  # nothing is cached between captures: every record depends on its own tokens only
-            self.runner.req_to_token_pool.clear()
-            self.runner.token_to_kv_pool_allocator.clear()
+            runner.req_to_token_pool.clear()
+            runner.token_to_kv_pool_allocator.clear()
         final, aux = self._final, self._aux
         m_d = len(self.info.layer_ids) * self.info.hidden_size
         if final is None or aux is None or tuple(aux.shape) != (total, m_d) or final.shape[0] != total:
