@@ -256,7 +256,8 @@ def gen_main(argv: list[str]) -> None:
         prog="splitserve gen",
         description="Regenerate every assistant turn of a chat JSONL with the target itself (resumable).",
     )
-    p.add_argument("--data", default="chitchat", help="chat JSONL ({messages}, {prompt, response} or {prompt} lines)")
+    p.add_argument("--data", default="chitchat",
+                   help="chat data: JSONL/JSON/Parquet/Arrow, a save_to_disk directory or a glob (docs/data.md)")
     p.add_argument("--out", required=True, help="output JSONL; appended to, and a rerun resumes it")
     p.add_argument("--target", default="smollm2-135m", help="target name or HF directory")
     p.add_argument("--target-name", default=None, help="name recorded in each row (default: the directory's)")
@@ -274,6 +275,11 @@ def gen_main(argv: list[str]) -> None:
     p.add_argument("--max-length", type=int, default=1024, help="no reply to a prompt this many tokens long")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="Jinja file replacing the target's chat template (in-process runs)")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='handed to the chat template (in-process, or sent to the servers), '
+                        'e.g. \'{"enable_thinking": false}\'')
     remote = p.add_argument_group("through OpenAI-compatible servers (SGLang, vLLM, splitserve serve)")
     remote.add_argument("--endpoint", action="append", default=[], metavar="URL",
                         help="server root, e.g. http://host:30000 (repeat for several; requests go round-robin)")
@@ -281,8 +287,6 @@ def gen_main(argv: list[str]) -> None:
     remote.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     remote.add_argument("--retries", type=int, default=5, help="per request, on timeouts, dropped connections, 5xx")
     remote.add_argument("--num-samples", type=int, default=1, help="sampled replies per conversation, a row each")
-    remote.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
-                        help='passed to the server\'s chat template, e.g. \'{"enable_thinking": false}\'')
     remote.add_argument("--reasoning", choices=("keep", "drop"), default="keep",
                         help="keep the server's reasoning_content in the assistant message, or drop it")
     remote.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
@@ -292,21 +296,21 @@ def gen_main(argv: list[str]) -> None:
     from splitserve.data import DataError
     from splitserve.data.gen import config_from_args, run_gen
 
+    try:
+        args.chat_template_kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else None
+    except json.JSONDecodeError as e:
+        p.error(f"--chat-template-kwargs is not JSON: {e}")
+    if args.chat_template_kwargs is not None and not isinstance(args.chat_template_kwargs, dict):
+        p.error("--chat-template-kwargs must be a JSON object")
     cfg = config_from_args(args)
     opts = None
     if args.endpoint:
         from splitserve.data.endpoint import EndpointConfig
         from splitserve.data.gen_remote import RemoteOptions
 
-        try:
-            kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else None
-        except json.JSONDecodeError as e:
-            p.error(f"--chat-template-kwargs is not JSON: {e}")
-        if kwargs is not None and not isinstance(kwargs, dict):
-            p.error("--chat-template-kwargs must be a JSON object")
         opts = RemoteOptions(EndpointConfig(args.endpoint, args.concurrency, args.request_timeout, args.retries,
                                             api_key=args.api_key),
-                             num_samples=args.num_samples, chat_template_kwargs=kwargs, reasoning=args.reasoning)
+                             num_samples=args.num_samples, reasoning=args.reasoning)
     elif args.num_samples != 1:
         p.error("--num-samples is for --endpoint runs")
     try:

@@ -16,19 +16,22 @@ from splitserve.spec.plots import plot_acceptance
 from splitserve.target.eos import eos_ids
 
 
-def load_prompt_ids(name_or_path: str, tokenizer, limit: int | None) -> list[list[int]]:
-    from splitserve.data import encode_prompt, read_prompts, resolve_prompts_path
+def load_prompt_ids(name_or_path: str, tokenizer, limit: int | None, chat=None) -> list[list[int]]:
+    """Prompt token ids, rendered with `chat` (a data.ChatTemplate; None: the tokenizer's own)."""
+    from splitserve.data import ChatTemplate, encode_prompt, read_prompts, resolve_prompts_path
 
     prompts = read_prompts(resolve_prompts_path(name_or_path))
     if limit:
         prompts = prompts[:limit]
-    return [encode_prompt(tokenizer, p) for p in prompts]
+    return [encode_prompt(tokenizer, p, chat or ChatTemplate()) for p in prompts]
 
 
 def evaluate_run(cfg: RunConfig, target, draft) -> dict[str, EvalReport]:
     """Writes eval.json, eval.md, acceptance.png (and calibration.json) into the run dir, prints the table."""
     ev = cfg.eval
-    prompts = load_prompt_ids(cfg.data.heldout_prompts, target.tokenizer, ev.num_prompts)
+    from splitserve.data import load_options
+
+    prompts = load_prompt_ids(cfg.data.heldout_prompts, target.tokenizer, ev.num_prompts, load_options(cfg.data).chat)
     eos = eos_ids(target)
     calibrate = ev.calibrate and draft.confidence is not None
     run = partial(evaluate, engine=ev.engine)
