@@ -141,3 +141,21 @@ def test_train_on_qwen3_template_multi_turn(tiny_smol_dir, tmp_path, monkeypatch
     assert result.state.step == 2
     losses = [json.loads(line)["loss"] for line in Path(cfg.run_dir, "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 2 and all(loss == loss and loss > 0 for loss in losses)
+
+
+def test_serve_request_kwargs_reach_the_template(smollm2_tokenizer):
+    import copy
+
+    from splitserve.serve.protocol import ApiError, parse_request
+
+    tok = copy.deepcopy(smollm2_tokenizer)
+    tok.chat_template = QWEN3_STYLE
+    messages = [{"role": "user", "content": "Hi there"}]
+    body = {"messages": messages, "chat_template_kwargs": {"enable_thinking": False}}
+    req = parse_request(json.dumps(body).encode(), True, tok, "m")
+    assert tok.decode(req.prompt_ids).endswith(A + EMPTY_THINK)
+    assert req.prompt_ids == encode_prompt(tok, messages, ChatTemplate(kwargs={"enable_thinking": False}))
+    plain = parse_request(json.dumps({"messages": messages}).encode(), True, tok, "m")
+    assert tok.decode(plain.prompt_ids).endswith(A)
+    with pytest.raises(ApiError, match="chat_template_kwargs"):
+        parse_request(json.dumps({**body, "chat_template_kwargs": [1]}).encode(), True, tok, "m")

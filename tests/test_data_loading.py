@@ -115,3 +115,27 @@ def test_train_on_sharegpt_parquet(tiny_smol_dir, tmp_path, monkeypatch):
     trained = target.tokenizer.decode([t for t, m in zip(from_parquet[0].input_ids, from_parquet[0].loss_mask) if m])
     assert trained == "Checking.<|im_end|>Sunny, 18C.<|im_end|>Any time.<|im_end|>"
     assert loop.train(cfg, target).state.step == 2
+
+
+def test_concurrent_loaders_tokenize_once(tmp_path, smollm2_tokenizer, monkeypatch):
+    """The target ranks of a split job all load at once: the first tokenizes, the others wait on
+    the cache entry's lock and read what it wrote."""
+    import threading
+
+    monkeypatch.setenv("SPLITSERVE_CACHE", str(tmp_path / "cache"))
+    path = _write(tmp_path / "d.jsonl", [GOOD] * 8)
+    calls, real = [], samples_mod._tokenize
+    monkeypatch.setattr(samples_mod, "_tokenize", lambda *a: calls.append(1) or real(*a))
+    results = [None] * 3
+
+    def load(k):
+        results[k] = load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(cache=True))
+
+    threads = [threading.Thread(target=load, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert sorted(r[1].cached for r in results) == [False, True, True]
+    assert len({tuple(map(tuple, (s.input_ids for s in r[0]))) for r in results}) == 1
