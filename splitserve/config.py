@@ -67,7 +67,8 @@ class DataConfig:
     max_samples: int | None = None
     # A Jinja file replacing the tokenizer's chat template, for training rows and held-out prompts.
     chat_template: str | None = None
-    # Handed to the chat template, e.g. {enable_thinking: false} for Qwen3.
+    # Handed to the chat template, e.g. for Qwen3: +data.chat_template_kwargs.enable_thinking=false
+    # (the "+" adds a key to this dict).
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # A bad row (malformed, or replies the template does not let us locate) is an error naming its
     # file and row, instead of being skipped and counted.
