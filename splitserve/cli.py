@@ -114,6 +114,10 @@ def eval_main(argv: list[str]) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--compare-untrained", action="store_true", help="also evaluate a freshly initialised draft")
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="Jinja file replacing the target's chat template (as data.chat_template in training)")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='handed to the chat template, e.g. \'{"enable_thinking": false}\'')
     args = p.parse_args(argv)
 
     from splitserve.config import TargetConfig
@@ -132,7 +136,14 @@ def eval_main(argv: list[str]) -> None:
     check_compatible(arch, peek_target_info(tcfg), where=f"draft {args.draft}")
     target = load_hf_target(tcfg)
     draft = load_draft(args.draft, target)
-    prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
+    from splitserve.data import ChatTemplate, DataError
+
+    try:
+        kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else None
+        prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts,
+                                  ChatTemplate.load(args.chat_template, kwargs))
+    except (json.JSONDecodeError, DataError) as e:
+        sys.exit(f"splitserve eval: {e}")
     eos = eos_ids(target)
     reports = {"draft": evaluate(target, draft, prompts, args.max_new_tokens, args.temperature, args.seed, eos_ids=eos)}
     if args.compare_untrained:
@@ -224,7 +235,11 @@ def calibrate_main(argv: list[str]) -> None:
                                          layer_ids=list(arch.target_layer_ids), device=args.device))
     draft = load_draft(args.run_dir, target)
     prompts_from = args.prompts or data.get("heldout_prompts", "chitchat")
-    prompts = load_prompt_ids(prompts_from, target.tokenizer, args.num_prompts or ev.get("num_prompts", 20))
+    from splitserve.data import ChatTemplate
+
+    # Rendered as the run trained and evaluated them.
+    chat = ChatTemplate.load(data.get("chat_template"), data.get("chat_template_kwargs"))
+    prompts = load_prompt_ids(prompts_from, target.tokenizer, args.num_prompts or ev.get("num_prompts", 20), chat)
     fits = calibrate_run(args.run_dir, target, draft, prompts,
                          args.temperature or [ev.get("temperature", 0.0)],
                          args.max_new_tokens or ev.get("max_new_tokens", 64),
