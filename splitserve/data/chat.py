@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from splitserve.data.formats import Message, parse_messages  # noqa: F401  (re-exported)
 from splitserve.data.rows import DataError, iter_rows
@@ -67,7 +67,7 @@ DEFAULT = ChatTemplate()
 # --------------------------------------------------------------------------- reading
 
 
-def read_conversations(path: str | Path) -> Any:
+def read_conversations(path: str | Path) -> Iterator[tuple[int, list[Message]]]:
     """Yield (1-based row number, messages) for each conversation of a chat data path; a bad row raises."""
     for lineno, row, where in iter_rows(path):
         yield lineno, parse_messages(row, where)
