@@ -114,6 +114,10 @@ def eval_main(argv: list[str]) -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--compare-untrained", action="store_true", help="also evaluate a freshly initialised draft")
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="Jinja file replacing the target's chat template (as data.chat_template in training)")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='handed to the chat template, e.g. \'{"enable_thinking": false}\'')
     args = p.parse_args(argv)
 
     from splitserve.config import TargetConfig
@@ -132,7 +136,14 @@ def eval_main(argv: list[str]) -> None:
     check_compatible(arch, peek_target_info(tcfg), where=f"draft {args.draft}")
     target = load_hf_target(tcfg)
     draft = load_draft(args.draft, target)
-    prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
+    from splitserve.data import ChatTemplate, DataError
+
+    try:
+        kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else None
+        prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts,
+                                  ChatTemplate.load(args.chat_template, kwargs))
+    except (json.JSONDecodeError, DataError) as e:
+        sys.exit(f"splitserve eval: {e}")
     eos = eos_ids(target)
     reports = {"draft": evaluate(target, draft, prompts, args.max_new_tokens, args.temperature, args.seed, eos_ids=eos)}
     if args.compare_untrained:
@@ -245,7 +256,11 @@ def calibrate_main(argv: list[str]) -> None:
                                          layer_ids=list(arch.target_layer_ids), device=args.device))
     draft = load_draft(args.run_dir, target)
     prompts_from = args.prompts or data.get("heldout_prompts", "chitchat")
-    prompts = load_prompt_ids(prompts_from, target.tokenizer, args.num_prompts or ev.get("num_prompts", 20))
+    from splitserve.data import ChatTemplate
+
+    # Rendered as the run trained and evaluated them.
+    chat = ChatTemplate.load(data.get("chat_template"), data.get("chat_template_kwargs"))
+    prompts = load_prompt_ids(prompts_from, target.tokenizer, args.num_prompts or ev.get("num_prompts", 20), chat)
     fits = calibrate_run(args.run_dir, target, draft, prompts,
                          args.temperature or [ev.get("temperature", 0.0)],
                          args.max_new_tokens or ev.get("max_new_tokens", 64),
@@ -277,7 +292,8 @@ def gen_main(argv: list[str]) -> None:
         prog="splitserve gen",
         description="Regenerate every assistant turn of a chat JSONL with the target itself (resumable).",
     )
-    p.add_argument("--data", default="chitchat", help="chat JSONL ({messages}, {prompt, response} or {prompt} lines)")
+    p.add_argument("--data", default="chitchat",
+                   help="chat data: JSONL/JSON/Parquet/Arrow, a save_to_disk directory or a glob (docs/data.md)")
     p.add_argument("--out", required=True, help="output JSONL; appended to, and a rerun resumes it")
     p.add_argument("--target", default="smollm2-135m", help="target name or HF directory")
     p.add_argument("--target-name", default=None, help="name recorded in each row (default: the directory's)")
@@ -295,6 +311,11 @@ def gen_main(argv: list[str]) -> None:
     p.add_argument("--max-length", type=int, default=1024, help="no reply to a prompt this many tokens long")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="Jinja file replacing the target's chat template (in-process runs)")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='handed to the chat template (in-process, or sent to the servers), '
+                        'e.g. \'{"enable_thinking": false}\'')
     remote = p.add_argument_group("through OpenAI-compatible servers (SGLang, vLLM, splitserve serve)")
     remote.add_argument("--endpoint", action="append", default=[], metavar="URL",
                         help="server root, e.g. http://host:30000 (repeat for several; requests go round-robin)")
@@ -302,8 +323,6 @@ def gen_main(argv: list[str]) -> None:
     remote.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     remote.add_argument("--retries", type=int, default=5, help="per request, on timeouts, dropped connections, 5xx")
     remote.add_argument("--num-samples", type=int, default=1, help="sampled replies per conversation, a row each")
-    remote.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
-                        help='passed to the server\'s chat template, e.g. \'{"enable_thinking": false}\'')
     remote.add_argument("--reasoning", choices=("keep", "drop"), default="keep",
                         help="keep the server's reasoning_content in the assistant message, or drop it")
     remote.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
@@ -313,21 +332,21 @@ def gen_main(argv: list[str]) -> None:
     from splitserve.data import DataError
     from splitserve.data.gen import config_from_args, run_gen
 
+    try:
+        args.chat_template_kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else None
+    except json.JSONDecodeError as e:
+        p.error(f"--chat-template-kwargs is not JSON: {e}")
+    if args.chat_template_kwargs is not None and not isinstance(args.chat_template_kwargs, dict):
+        p.error("--chat-template-kwargs must be a JSON object")
     cfg = config_from_args(args)
     opts = None
     if args.endpoint:
         from splitserve.data.endpoint import EndpointConfig
         from splitserve.data.gen_remote import RemoteOptions
 
-        try:
-            kwargs = json.loads(args.chat_template_kwargs) if args.chat_template_kwargs else None
-        except json.JSONDecodeError as e:
-            p.error(f"--chat-template-kwargs is not JSON: {e}")
-        if kwargs is not None and not isinstance(kwargs, dict):
-            p.error("--chat-template-kwargs must be a JSON object")
         opts = RemoteOptions(EndpointConfig(args.endpoint, args.concurrency, args.request_timeout, args.retries,
                                             api_key=args.api_key),
-                             num_samples=args.num_samples, chat_template_kwargs=kwargs, reasoning=args.reasoning)
+                             num_samples=args.num_samples, reasoning=args.reasoning)
     elif args.num_samples != 1:
         p.error("--num-samples is for --endpoint runs")
     try:

@@ -7,6 +7,7 @@ once at the edge (`OmegaConf.to_object`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -58,11 +59,24 @@ class DataConfig:
     """Training conversations and held-out prompts."""
 
     name: str = "chitchat"
-    # "chitchat" resolves to the embedded default; anything else is a chat JSONL path.
+    # "chitchat" resolves to the embedded default; anything else is a data path: JSONL/JSON,
+    # Parquet, Arrow, a save_to_disk directory, or a glob of files (docs/data.md).
     train_path: str = "chitchat"
     heldout_prompts: str = "chitchat"
     max_length: int = 1024
     max_samples: int | None = None
+    # A Jinja file replacing the tokenizer's chat template, for training rows and held-out prompts.
+    chat_template: str | None = None
+    # Handed to the chat template, e.g. for Qwen3: +data.chat_template_kwargs.enable_thinking=false
+    # (the "+" adds a key to this dict).
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # A bad row (malformed, or replies the template does not let us locate) is an error naming its
+    # file and row, instead of being skipped and counted.
+    strict: bool = False
+    num_proc: int | None = None  # tokenizer processes (datasets.map); None: the calling process
+    # Keep tokenized samples under the splitserve cache dir, keyed by data files, tokenizer,
+    # template and max_length: a rerun, and the other target ranks of a split job, read them back.
+    cache: bool = True
     # A dump directory written by `splitserve dump`; when set, training reads it instead of
     # running the target in-process.
     dump_dir: str | None = None

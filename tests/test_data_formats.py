@@ -83,3 +83,78 @@ def test_missing_file_is_named(tmp_path):
         list(iter_rows(tmp_path / "nope.jsonl"))
     with pytest.raises(DataError, match="neither 'chitchat'"):
         resolve_train_path(str(tmp_path / "nope.parquet"))
+
+
+# --------------------------------------------------------------------------- row shapes and paths
+
+
+def _msgs(*pairs):
+    return [{"role": r, "content": c} for r, c in pairs]
+
+
+SHAPES = [
+    ({"conversations": [{"from": "system", "value": "Be kind."}, {"from": "human", "value": "Hi"},
+                        {"from": "gpt", "value": "Hello."}, {"from": "tool", "value": "42"},
+                        {"from": "gpt", "value": "It is 42."}]},
+     _msgs(("system", "Be kind."), ("user", "Hi"), ("assistant", "Hello."), ("tool", "42"),
+           ("assistant", "It is 42."))),
+    ({"instruction": "Translate.", "input": "chat", "output": "cat"},
+     _msgs(("user", "Translate.\n\nchat"), ("assistant", "cat"))),
+    ({"instruction": "Say hi.", "input": "", "output": "hi", "system": "S"},
+     _msgs(("system", "S"), ("user", "Say hi."), ("assistant", "hi"))),
+    ({"messages": [{"role": "user", "content": "weather?"},
+                   {"role": "assistant", "content": None, "tool_calls": [{"name": "get_weather"}]},
+                   {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+                   {"role": "assistant", "content": "Sunny.", "reasoning_content": "look it up"}]},
+     [{"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"name": "get_weather"}]},
+      {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+      {"role": "assistant", "content": "Sunny.", "reasoning_content": "look it up"}]),
+]
+
+
+@pytest.mark.parametrize("row, want", SHAPES)
+def test_row_shapes_map_to_messages(tmp_path, row, want):
+    assert list(read_conversations(_jsonl(tmp_path / "r.jsonl", [row]))) == [(1, want)]
+
+
+def test_sharegpt_unknown_speaker_and_unknown_shape_name_the_row(tmp_path):
+    path = _jsonl(tmp_path / "s.jsonl", [SHAPES[0][0], {"conversations": [{"from": "robot", "value": "beep"}]}])
+    with pytest.raises(DataError, match=r"s\.jsonl:2: conversations\[0\] has unknown speaker 'robot'"):
+        list(read_conversations(path))
+    with pytest.raises(DataError, match=r"t\.jsonl:1: unknown row format .*got keys \['text'\]"):
+        list(read_conversations(_jsonl(tmp_path / "t.jsonl", [{"text": "hello"}])))
+
+
+def test_json_array_and_globs_read_every_row(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(ROWS[:2], indent=2))
+    _jsonl(tmp_path / "b.jsonl", ROWS[2:])
+    assert [n for n, _ in read_conversations(tmp_path / "a.json")] == [1, 2]
+    both = list(read_conversations(str(tmp_path / "*.json*")))
+    assert [m[-1]["content"] for _, m in both] == ["Hello.", "Four.", "Blue."]
+    assert resolve_train_path(str(tmp_path / "*.json*")) == str(tmp_path / "*.json*")
+    with pytest.raises(DataError, match="neither 'chitchat'"):
+        resolve_train_path(str(tmp_path / "*.parquet"))
+    with pytest.raises(DataError, match=r"\*\.csv: the pattern matches no file"):
+        list(iter_rows(str(tmp_path / "*.csv")))
+
+
+@pytest.mark.parametrize("name, content, complaint", [
+    ("empty.jsonl", "", r"empty\.jsonl: empty \(no rows\)"),
+    ("blank.jsonl", "\n\n", r"blank\.jsonl: empty \(no rows\)"),
+    ("data.csv", "a,b\n", r"data\.csv: unknown data format '\.csv'"),
+    ("obj.json", "[1, 2", r"obj\.json: malformed JSON array"),
+])
+def test_file_level_faults_are_one_line_errors(tmp_path, name, content, complaint):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(DataError, match=complaint) as err:
+        list(iter_rows(tmp_path / name))
+    assert "\n" not in str(err.value)
+
+
+def test_unreadable_file_is_one_line(tmp_path):
+    path = tmp_path / "dir.jsonl"
+    path.mkdir()
+    with pytest.raises(DataError, match=r"dir\.jsonl") as err:
+        list(iter_rows(path))
+    assert "\n" not in str(err.value)

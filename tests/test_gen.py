@@ -211,3 +211,31 @@ def test_cli(sharp_smol, chat_file, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["gen", "--out", str(out), "--top-p", "0"])
     assert "0 < top_p <= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+def test_chat_template_file_and_kwargs_reach_every_prompt(sharp_smol, chat_file, tmp_path, monkeypatch, batching):
+    """In-process gen renders every prompt with --chat-template and --chat-template-kwargs, as the
+    remote path sends the kwargs to the servers (test_gen_remote.py), and records both."""
+    from templates import QWEN3_STYLE
+
+    import splitserve.data.gen as gen_mod
+    import splitserve.data.gen_continuous as cont_mod
+
+    (tmp_path / "q3.jinja").write_text(QWEN3_STYLE)
+    seen = []
+
+    def spy(tokenizer, prompt, chat=None):
+        seen.append(chat)
+        return encode_prompt(tokenizer, prompt, chat)
+
+    monkeypatch.setattr(gen_mod, "encode_prompt", spy)
+    monkeypatch.setattr(cont_mod, "encode_prompt", spy)
+    out = tmp_path / "out.jsonl"
+    kwargs = {"enable_thinking": False}
+    summary = run_gen(_cfg(sharp_smol, chat_file, out, max_rows=3, batching=batching,
+                           chat_template=str(tmp_path / "q3.jinja"), chat_template_kwargs=kwargs), progress=False)
+    assert summary.written == 3 and seen
+    assert all(c.template == QWEN3_STYLE and c.kwargs == kwargs for c in seen)
+    gen = json.loads(out.read_text().splitlines()[0])["gen"]
+    assert gen["chat_template"] == str(tmp_path / "q3.jinja") and gen["chat_template_kwargs"] == kwargs

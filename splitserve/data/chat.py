@@ -1,77 +1,74 @@
-"""Chat data reading and tokenization with assistant-only loss masks.
+"""Chat rendering and tokenization with assistant-only loss masks.
 
 A draft model only ever has to predict what the target generates, i.e. assistant turns, so
-the loss mask covers exactly the assistant contents plus the end-of-turn token that closes
+the loss mask covers exactly the assistant replies plus the end-of-turn token that closes
 them (the draft must learn when a turn stops). Everything the user or the template supplies
 is context only.
 
-Assistant spans are found by rendering prefixes of the conversation with the tokenizer's own
-chat template rather than by parsing a known format, so any template that renders prefixes
-consistently works without template-specific code.
+Which tokens a reply is, two ways, the first that applies:
+1. The template marks replies itself with `{% generation %}` blocks: transformers'
+   `return_assistant_tokens_mask` gives the mask.
+2. Otherwise the conversation is rendered once and each reply located in it. A reply starts where
+   the template's generation prompt for the conversation before it ends, when that prompt is a
+   prefix of the full render (Llama, SmolLM2/ChatML: exact); templates that draw the prompt
+   differently from a reply inside a longer conversation (Qwen3 with enable_thinking=false puts
+   an empty think block in the prompt only) start it at the reply's own text instead. It ends
+   after its text and the end-of-turn marker the template puts right after it. A reply that is
+   the last turn may render differently from one that is not (Qwen3's think block), so nothing
+   assumes a rendered prefix of the conversation reappears inside it except the context before
+   each reply.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from splitserve.data.formats import Message, parse_messages  # noqa: F401  (re-exported)
 from splitserve.data.rows import DataError, iter_rows
 
-ROLES = ("system", "user", "assistant")
+GENERATION_BLOCK = re.compile(r"{%-?\s*generation\s*-?%}")
 
-Message = dict[str, str]
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """How conversations are rendered: the tokenizer's own template unless `template` replaces it,
+    with `kwargs` handed to the template (e.g. {"enable_thinking": False})."""
+
+    template: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None  # the file `template` was read from, for messages
+
+    @classmethod
+    def load(cls, path: str | None = None, kwargs: dict[str, Any] | None = None) -> ChatTemplate:
+        """From a Jinja file (None: keep the tokenizer's) and template kwargs."""
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise DataError(f"chat_template_kwargs must be a mapping, got {type(kwargs).__name__}")
+        text = None
+        if path:
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise DataError(f"chat template {path}: cannot be read ({e})") from None
+            if not text.strip():
+                raise DataError(f"chat template {path}: empty file")
+        return cls(text, dict(kwargs or {}), path)
+
+    def text_for(self, tokenizer: Any) -> str | None:
+        return self.template or getattr(tokenizer, "chat_template", None) or None
+
+
+DEFAULT = ChatTemplate()
 
 
 # --------------------------------------------------------------------------- reading
 
 
-def _check_messages(raw: Any, where: str) -> list[Message]:
-    if not isinstance(raw, list):
-        raise DataError(f"{where}: 'messages' must be a list, got {type(raw).__name__}")
-    messages: list[Message] = []
-    for j, msg in enumerate(raw):
-        if not isinstance(msg, dict):
-            raise DataError(f"{where}: messages[{j}] must be an object, got {type(msg).__name__}")
-        for key in ("role", "content"):
-            if key not in msg:
-                raise DataError(f"{where}: messages[{j}] is missing '{key}'")
-        role, content = msg["role"], msg["content"]
-        if role not in ROLES:
-            raise DataError(
-                f"{where}: messages[{j}] has unknown role {role!r} (expected one of {ROLES})"
-            )
-        if not isinstance(content, str):
-            raise DataError(
-                f"{where}: messages[{j}].content must be a string, got {type(content).__name__}"
-            )
-        messages.append({"role": role, "content": content})
-    return messages
-
-
-def _require_str(row: dict, key: str, where: str) -> str:
-    value = row[key]
-    if not isinstance(value, str):
-        raise DataError(f"{where}: '{key}' must be a string, got {type(value).__name__}")
-    return value
-
-
-def parse_messages(row: dict, where: str) -> list[Message]:
-    """Turn one `messages` row or `prompt`/`response` row into a validated message list."""
-    if "messages" in row:
-        return _check_messages(row["messages"], where)
-    if "prompt" in row and "response" in row:
-        messages: list[Message] = []
-        if "system" in row:
-            messages.append({"role": "system", "content": _require_str(row, "system", where)})
-        messages.append({"role": "user", "content": _require_str(row, "prompt", where)})
-        messages.append({"role": "assistant", "content": _require_str(row, "response", where)})
-        return messages
-    raise DataError(f"{where}: expected a 'messages' list or 'prompt' and 'response' strings")
-
-
 def read_conversations(path: str | Path) -> Iterator[tuple[int, list[Message]]]:
-    """Yield (1-based row number, messages) for each conversation of a chat data file."""
+    """Yield (1-based row number, messages) for each conversation of a chat data path; a bad row raises."""
     for lineno, row, where in iter_rows(path):
         yield lineno, parse_messages(row, where)
 
@@ -79,8 +76,8 @@ def read_conversations(path: str | Path) -> Iterator[tuple[int, list[Message]]]:
 # --------------------------------------------------------------------------- rendering
 
 
-def has_chat_template(tokenizer: Any) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
+def has_chat_template(tokenizer: Any, chat: ChatTemplate = DEFAULT) -> bool:
+    return bool(chat.text_for(tokenizer))
 
 
 def _fallback_render(tokenizer: Any, messages: list[Message], add_generation_prompt: bool) -> str:
@@ -99,24 +96,49 @@ def _fallback_render(tokenizer: Any, messages: list[Message], add_generation_pro
     return "".join(parts)
 
 
-def specials_for(tokenizer: Any) -> bool:
+def specials_for(tokenizer: Any, chat: ChatTemplate = DEFAULT) -> bool:
     """`add_special_tokens` for rendered text: a chat template already contains its specials."""
-    return not has_chat_template(tokenizer)
+    return not has_chat_template(tokenizer, chat)
 
 
 def render_chat(
-    tokenizer: Any, messages: list[Message], add_generation_prompt: bool = False
+    tokenizer: Any, messages: list[Message], add_generation_prompt: bool = False, chat: ChatTemplate = DEFAULT
 ) -> str:
-    """The conversation as text: the tokenizer's chat template, else a plain User/Assistant form."""
-    if not has_chat_template(tokenizer):
+    """The conversation as text: the chat template, else a plain User/Assistant form."""
+    template = chat.text_for(tokenizer)
+    if not template:
         return _fallback_render(tokenizer, messages, add_generation_prompt)
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
+    try:
+        return tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
+            **chat.kwargs,
+        )
+    except Exception as e:  # noqa: BLE001 - jinja raises its own types, templates raise_exception(...)
+        raise DataError(f"the chat template failed on this conversation ({type(e).__name__}: {e})") from None
+
+
+def _reply_text(content: str) -> list[str]:
+    """What of a reply's content a template renders verbatim, most likely first: the content
+    itself, or (for templates that drop an earlier turn's reasoning) what follows '</think>'."""
+    core = content.strip()
+    out = [core]
+    if "</think>" in core:
+        out.append(core.split("</think>")[-1].strip())
+    return [c for c in out if c]
+
+
+def _find_reply(full: str, content: str, base: int, floor: int) -> tuple[int, str] | None:
+    """(char, text) of the first rendering of a reply's content at or after `base` (else `floor`)."""
+    for lo in dict.fromkeys((base, floor)):
+        for text in _reply_text(content):
+            at = full.find(text, lo)
+            if at >= 0:
+                return at, text
+    return None
 
 
 def _assistant_spans(
-    tokenizer: Any, messages: list[Message], full: str, stop_at: int, where: str
+    tokenizer: Any, messages: list[Message], full: str, stop_at: int, chat: ChatTemplate
 ) -> list[tuple[int, int]]:
     """Char spans of trained assistant text in `full`, the render of all of `messages`.
 
@@ -124,41 +146,44 @@ def _assistant_spans(
     each located turn costs two renders of a growing prefix (quadratic in the turn count).
     """
     spans: list[tuple[int, int]] = []
+    floor = 0  # nothing before this char can belong to the next reply
     for i, msg in enumerate(messages):
         # A blank reply would only teach "end the turn at once"; leave it untrained.
         if msg["role"] != "assistant" or not msg["content"].strip():
             continue
-        upto = render_chat(tokenizer, messages[: i + 1])
-        if not full.startswith(upto):
-            raise DataError(
-                f"{where}: the chat template renders messages[:{i + 1}] differently inside the "
-                "full conversation, so assistant turns cannot be located"
-            )
-        if i == 0:
-            # Templates cannot render an empty prefix; the reply is the last copy of its content.
-            start = upto.rfind(msg["content"])
-            if start < 0:
-                raise DataError(
-                    f"{where}: the chat template does not render messages[0]'s content verbatim, "
-                    "so the assistant turn cannot be located"
-                )
-        else:
-            prefix = render_chat(tokenizer, messages[:i], add_generation_prompt=True)
-            if not upto.startswith(prefix):
-                raise DataError(
-                    f"{where}: the chat template's generation prompt for messages[{i}] is not a "
-                    "prefix of the rendered reply, so assistant turns cannot be located"
-                )
-            start = len(prefix)
-        if spans and start < spans[-1][1]:
-            raise DataError(f"{where}: the chat template renders assistant turns out of order")
-        if start >= stop_at:
+        start, base = None, floor
+        if i > 0:
+            prompt = render_chat(tokenizer, messages[:i], add_generation_prompt=True, chat=chat)
+            if full.startswith(prompt):
+                start = base = floor = len(prompt)
+            else:
+                context = render_chat(tokenizer, messages[:i], chat=chat)
+                if not full.startswith(context):
+                    raise DataError(
+                        f"the chat template renders messages[:{i}] differently inside the full conversation, "
+                        f"so assistant turn {i} cannot be located"
+                    )
+                floor = max(floor, len(context))
+                # The reply's header is where the prompt and the render part ways; its text follows.
+                base = max(floor, len(os.path.commonprefix([prompt, full])))
+        if floor >= stop_at:
             break
-        # Whatever the template appends after the end-of-turn token (ChatML: "\n") is not
-        # generated by the model, so it is not trained.
-        end = len(upto.rstrip())
-        if end > start:
-            spans.append((start, end))
+        found = _find_reply(full, msg["content"], base, floor)
+        if found is None:
+            raise DataError(f"the chat template does not render messages[{i}]'s content verbatim, "
+                            "so the assistant turn cannot be located")
+        at, text = found
+        start = at if start is None else start
+        end = at + len(text)
+        # The end-of-turn marker is whatever the template writes right after the reply when it is
+        # the last turn (<|im_end|>, <|eot_id|>, ...), if it writes the same inside the conversation;
+        # what follows that marker (ChatML: "\n") is not generated by the model, so not trained.
+        alone = full if i + 1 == len(messages) else render_chat(tokenizer, messages[: i + 1], chat=chat)
+        tail = alone[alone.rfind(text) + len(text):].rstrip()
+        if tail and full.startswith(tail, end):
+            end += len(tail)
+        spans.append((start, end))
+        floor = end
     return spans
 
 
@@ -173,72 +198,59 @@ class TokenizedSample:
     truncated: bool
 
 
-def tokenize_conversation(
-    tokenizer: Any, messages: list[Message], max_length: int, source: str = "<conversation>"
-) -> TokenizedSample | None:
-    """Tokenize one conversation with an assistant-only loss mask; None if nothing is trainable."""
-    if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
-        return None
-    text = render_chat(tokenizer, messages)
-    enc = tokenizer(text, add_special_tokens=specials_for(tokenizer), return_offsets_mapping=True)
-    truncated = len(enc["input_ids"]) > max_length
-    input_ids: list[int] = list(enc["input_ids"][:max_length])
-    offsets = enc["offset_mapping"][:max_length]
-    stop_at = enc["offset_mapping"][max_length][0] if truncated else len(text)
-    spans = _assistant_spans(tokenizer, messages, text, stop_at, source)
+def uses_generation_blocks(tokenizer: Any, chat: ChatTemplate = DEFAULT) -> bool:
+    return bool(GENERATION_BLOCK.search(chat.text_for(tokenizer) or ""))
+
+
+def _marked(tokenizer: Any, messages: list[Message], chat: ChatTemplate) -> tuple[list[int], list[int]]:
+    try:
+        enc = tokenizer.apply_chat_template(
+            messages, chat_template=chat.text_for(tokenizer), tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True, **chat.kwargs,
+        )
+    except Exception as e:  # noqa: BLE001 - as in render_chat
+        raise DataError(f"the chat template failed on this conversation ({type(e).__name__}: {e})") from None
+    return list(enc["input_ids"]), list(enc["assistant_masks"])
+
+
+def _located(
+    tokenizer: Any, messages: list[Message], max_length: int, chat: ChatTemplate
+) -> tuple[list[int], list[int]]:
+    text = render_chat(tokenizer, messages, chat=chat)
+    enc = tokenizer(text, add_special_tokens=specials_for(tokenizer, chat), return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+    stop_at = offsets[max_length][0] if len(ids) > max_length else len(text)
+    spans = _assistant_spans(tokenizer, messages, text, stop_at, chat)
     # A token is trained when it starts inside an assistant span. Spans are sorted and disjoint,
     # so one forward sweep assigns every token.
-    loss_mask = [0] * len(input_ids)
+    mask = [0] * len(ids)
     k = 0
     for t, (a, _b) in enumerate(offsets):
         while k < len(spans) and a >= spans[k][1]:
             k += 1
         if k < len(spans) and spans[k][0] <= a:
-            loss_mask[t] = 1
-    if not any(loss_mask):
+            mask[t] = 1
+    return ids, mask
+
+
+def tokenize_conversation(
+    tokenizer: Any, messages: list[Message], max_length: int, source: str = "<conversation>",
+    chat: ChatTemplate = DEFAULT,
+) -> TokenizedSample | None:
+    """Tokenize one conversation with an assistant-only loss mask; None if nothing is trainable.
+
+    Raises `DataError` (prefixed with `source`) when the replies cannot be located."""
+    if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
         return None
-    return TokenizedSample(input_ids, loss_mask, source, truncated)
-
-
-# --------------------------------------------------------------------------- loading
-
-
-@dataclass
-class DataStats:
-    rows: int = 0
-    samples: int = 0
-    skipped_empty: int = 0  # no trainable assistant token (empty, or all of it past max_length)
-    truncated: int = 0
-    tokens: int = 0
-    loss_tokens: int = 0
-
-    def summary(self) -> str:
-        return (
-            f"{self.rows} rows -> {self.samples} samples, {self.skipped_empty} empty skipped, "
-            f"{self.truncated} truncated to max_length, {self.tokens:,} tokens "
-            f"({self.loss_tokens:,} trained)"
-        )
-
-
-def load_samples(
-    path: str | Path, tokenizer: Any, max_length: int, limit: int | None = None
-) -> tuple[list[TokenizedSample], DataStats]:
-    """Read and tokenize a chat JSONL file, stopping after `limit` samples."""
-    if max_length < 1:
-        raise DataError(f"max_length must be positive, got {max_length}")
-    samples: list[TokenizedSample] = []
-    stats = DataStats()
-    for lineno, messages in read_conversations(path):
-        if limit is not None and len(samples) >= limit:
-            break
-        stats.rows += 1
-        sample = tokenize_conversation(tokenizer, messages, max_length, source=f"{path}:{lineno}")
-        if sample is None:
-            stats.skipped_empty += 1
-            continue
-        samples.append(sample)
-        stats.samples += 1
-        stats.truncated += int(sample.truncated)
-        stats.tokens += len(sample.input_ids)
-        stats.loss_tokens += sum(sample.loss_mask)
-    return samples, stats
+    try:
+        if uses_generation_blocks(tokenizer, chat):
+            ids, mask = _marked(tokenizer, messages, chat)
+        else:
+            ids, mask = _located(tokenizer, messages, max_length, chat)
+    except DataError as e:
+        raise DataError(f"{source}: {e}") from None
+    truncated = len(ids) > max_length
+    ids, mask = ids[:max_length], mask[:max_length]
+    if not any(mask):
+        return None
+    return TokenizedSample(ids, mask, source, truncated)

@@ -113,12 +113,13 @@ def regenerate(
     messages: list[list[Message]] = [[] for _ in sources]
     replies: list[list[Reply]] = [[] for _ in sources]
     active = list(range(len(sources)))
+    chat = cfg.chat()
     for r in range(limit):
         going, prompts = [], []
         for i in active:
             if r >= len(sources[i].turns):
                 continue
-            ids = encode_prompt(tokenizer, messages[i] + sources[i].turns[r])
+            ids = encode_prompt(tokenizer, messages[i] + sources[i].turns[r], chat)
             if len(ids) >= cfg.max_length:
                 continue  # nothing of this reply would fit in a training sequence
             going.append(i)
@@ -158,10 +159,11 @@ def run_gen(cfg: GenConfig, loaded: tuple[Any, Any, frozenset[int]] | None = Non
     model, tokenizer, stop = loaded or load_generator(cfg)
 
     planned = []
+    chat = cfg.chat()
     for s in sources:
         if not s.turns:
             summary.no_user_turn += 1
-        elif len(encode_prompt(tokenizer, s.turns[0])) >= cfg.max_length:
+        elif len(encode_prompt(tokenizer, s.turns[0], chat)) >= cfg.max_length:
             summary.too_long += 1
         else:
             planned.append(s)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from splitserve.data.chat import Message
+from splitserve.data.chat import ChatTemplate, Message
 from splitserve.data.gen_plan import GenConfig, Reply, Source
 from splitserve.data.prompts import encode_prompt
 
@@ -55,12 +55,12 @@ class _Conversation:
         self.messages: list[Message] = []
         self.replies: list[Reply] = []
 
-    def next_prompt(self, tokenizer: Any, max_length: int) -> list[int] | None:
+    def next_prompt(self, tokenizer: Any, max_length: int, chat: ChatTemplate) -> list[int] | None:
         """The next turn's prompt ids, or None when the conversation is over."""
         r = len(self.replies)
         if r >= self.limit:
             return None
-        ids = encode_prompt(tokenizer, self.messages + self.source.turns[r])
+        ids = encode_prompt(tokenizer, self.messages + self.source.turns[r], chat)
         return ids if len(ids) < max_length else None  # as the static path: nothing would fit
 
     def add(self, reply: Reply) -> None:
@@ -81,10 +81,11 @@ def regenerate_continuous(model: Any, tokenizer: Any, sources: list[Source], cfg
     waiting = iter(range(len(sources)))
     live: dict[int, _Conversation] = {}
     ask_n = 0
+    chat = cfg.chat()
 
     def ask(i: int, conv: _Conversation) -> bool:
         nonlocal ask_n
-        ids = conv.next_prompt(tokenizer, cfg.max_length)
+        ids = conv.next_prompt(tokenizer, cfg.max_length, chat)
         if ids is None:
             return False
         manager.add_request(ids, request_id=f"{i}:{len(conv.replies)}:{ask_n}", max_new_tokens=cfg.max_new_tokens,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from splitserve.data.chat import Message, parse_messages
+from splitserve.data.chat import ChatTemplate, Message, parse_messages
 from splitserve.data.rows import DataError, iter_json_rows, iter_rows
 
 FORMAT_VERSION = 1
@@ -38,13 +38,24 @@ class GenConfig:
     max_length: int = 1024  # no reply to a prompt of this many tokens or more (data.max_length)
     device: str = "auto"
     dtype: str = "float32"
+    # A Jinja file replacing the target tokenizer's chat template (in-process only: a server renders
+    # with the template it was started with).
+    chat_template: str | None = None
+    # Handed to the chat template in-process and sent with every request through servers,
+    # e.g. {"enable_thinking": False}.
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def settings(self) -> dict[str, Any]:
         """Everything that decides a row's content; a resumed run must match it."""
         name = self.target_name or Path(self.target).name
         keys = ("data", "dtype", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "max_turns",
-                "max_length")
-        return {"target": name, "target_path": self.target, **{k: getattr(self, k) for k in keys}}
+                "max_length", "chat_template")
+        # None when unset, as in rows written before the key existed, so those still resume.
+        return {"target": name, "target_path": self.target, **{k: getattr(self, k) for k in keys},
+                "chat_template_kwargs": self.chat_template_kwargs or None}
+
+    def chat(self) -> ChatTemplate:
+        return ChatTemplate.load(self.chat_template, self.chat_template_kwargs)
 
     def check(self) -> None:
         if self.batch_size < 1 or self.max_new_tokens < 1 or self.max_length < 1:

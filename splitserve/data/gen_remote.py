@@ -46,11 +46,19 @@ class RemoteOptions:
 
     endpoint: EndpointConfig
     num_samples: int = 1  # sampled replies per conversation, each its own row
-    chat_template_kwargs: dict[str, Any] | None = None  # passed through, e.g. {"enable_thinking": false}
+    # Sent with every request, e.g. {"enable_thinking": false}; None: GenConfig.chat_template_kwargs.
+    chat_template_kwargs: dict[str, Any] | None = None
     reasoning: str = "keep"  # keep | drop the server's reasoning_content
+
+    def template_kwargs(self, cfg: GenConfig) -> dict[str, Any] | None:
+        kwargs = self.chat_template_kwargs if self.chat_template_kwargs is not None else cfg.chat_template_kwargs
+        return kwargs or None
 
     def check(self, cfg: GenConfig) -> None:
         self.endpoint.check()
+        if cfg.chat_template:
+            raise ValueError("a chat template file applies to in-process gen; a server renders with the template "
+                             "it was started with (vLLM/SGLang: --chat-template)")
         if self.num_samples < 1:
             raise ValueError("num_samples must be >= 1")
         if self.num_samples > 1 and cfg.temperature == 0:
@@ -100,8 +108,8 @@ def _body(cfg: GenConfig, opts: RemoteOptions, model: str, messages: list[dict],
             body["top_p"] = cfg.top_p
         if cfg.top_k > 0:
             body["top_k"] = cfg.top_k
-    if opts.chat_template_kwargs:
-        body["chat_template_kwargs"] = opts.chat_template_kwargs
+    if opts.template_kwargs(cfg):
+        body["chat_template_kwargs"] = opts.template_kwargs(cfg)
     return body
 
 
@@ -151,7 +159,7 @@ def remote_settings(cfg: GenConfig, opts: RemoteOptions, model: str) -> dict[str
     """Everything that decides a row's content (a resumed run must match), and the endpoints."""
     keys = ("data", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "max_turns", "max_length")
     return {"target": model, **{k: getattr(cfg, k) for k in keys},
-            "chat_template_kwargs": opts.chat_template_kwargs, "reasoning": opts.reasoning}
+            "chat_template_kwargs": opts.template_kwargs(cfg), "reasoning": opts.reasoning}
 
 
 async def _run(cfg: GenConfig, opts: RemoteOptions, progress: bool) -> RemoteSummary:

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from splitserve.data.chat import (
+    DEFAULT,
+    ChatTemplate,
     DataError,
     Message,
     has_chat_template,
@@ -23,34 +25,33 @@ Prompt = list[Message] | str
 
 
 def read_prompts(path: str | Path) -> list[Prompt]:
-    """Read `{"messages": [...]}` / `{"prompt": str}` rows; a final assistant turn is dropped."""
+    """Read prompt rows (any training row shape, or `{"prompt": str}`); a final assistant turn is dropped."""
     prompts: list[Prompt] = []
     for _lineno, row, where in iter_rows(path):
-        if "messages" in row:
-            messages = parse_messages({"messages": row["messages"]}, where)
-            # Rows copied from training data end with the reference answer; the prompt is what
-            # comes before it.
-            if messages and messages[-1]["role"] == "assistant":
-                messages = messages[:-1]
-            if not messages or messages[-1]["role"] != "user":
-                raise DataError(f"{where}: a prompt's messages must end with a user turn")
-            prompts.append(messages)
-        elif "prompt" in row:
+        if row.get("prompt") is not None and row.get("messages") is None and row.get("conversations") is None:
             prompt = row["prompt"]
             if not isinstance(prompt, str):
                 raise DataError(f"{where}: 'prompt' must be a string, got {type(prompt).__name__}")
             prompts.append(prompt)
-        else:
-            raise DataError(f"{where}: expected a 'messages' list or a 'prompt' string")
+            continue
+        # An instruction row needs no answer to be a prompt.
+        messages = parse_messages({"output": "", **row}, where)
+        # Rows copied from training data end with the reference answer; the prompt is what
+        # comes before it.
+        if messages and messages[-1]["role"] == "assistant":
+            messages = messages[:-1]
+        if not messages or messages[-1]["role"] != "user":
+            raise DataError(f"{where}: a prompt's messages must end with a user turn")
+        prompts.append(messages)
     return prompts
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
+def encode_prompt(tokenizer: Any, prompt: Prompt, chat: ChatTemplate = DEFAULT) -> list[int]:
     """Token ids of a prompt; with a chat template they end with the assistant header."""
     if isinstance(prompt, str):
-        if not has_chat_template(tokenizer):
+        if not has_chat_template(tokenizer, chat):
             # A base model without a template continues the raw text.
             return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
         prompt = [{"role": "user", "content": prompt}]
-    text = render_chat(tokenizer, prompt, add_generation_prompt=True)
-    return list(tokenizer(text, add_special_tokens=specials_for(tokenizer))["input_ids"])
+    text = render_chat(tokenizer, prompt, add_generation_prompt=True, chat=chat)
+    return list(tokenizer(text, add_special_tokens=specials_for(tokenizer, chat))["input_ids"])

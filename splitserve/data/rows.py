@@ -1,48 +1,118 @@
-"""Rows of a data file, whatever it is stored as: JSONL here, columnar formats through `datasets`.
+"""Rows of a data set, whatever it is stored as: JSON lines here, columnar formats through `datasets`.
 
-Every row comes with the place it was read from ("file:line" for JSONL, "file: row N" for the
+Every row comes with the place it was read from ("file:line" for JSON lines, "file: row N" for the
 others), so a bad row is reported in one line that names it.
 
     .jsonl / .json (one object a line)   read line by line
+    .json holding one array of objects   json.load
     .parquet, .arrow                     datasets.Dataset.from_parquet / from_file
     a directory from save_to_disk        datasets.load_from_disk (its "train" split if a DatasetDict)
+    a glob ("data/*.parquet")            its matches, in sorted order, one after another
+
+A file-level fault (missing, unreadable, empty, unknown format) is a `DataError`. A row-level fault
+(malformed JSON, a line that is not an object) is yielded as a `DataError` in place of the row by
+`iter_raw_rows`, so a reader that tolerates bad rows can count it and go on; `iter_rows` raises it.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 from pathlib import Path
 from typing import Any, Iterator
 
+JSON_LINES = (".jsonl", ".json")
 COLUMNAR = (".parquet", ".arrow")
+FORMATS = "JSON lines (.jsonl/.json), a JSON array (.json), Parquet, Arrow, or a save_to_disk directory"
 
 
 class DataError(ValueError):
     """Bad user data; the message names the file and line (or the conversation) at fault."""
 
 
-def iter_json_rows(path: str | Path) -> Iterator[tuple[int, dict, str]]:
-    """Yield (1-based line number, object, "path:line") for each non-blank JSONL line."""
+RawRow = tuple[int, "dict | DataError", str]  # (1-based row number, the row or what is wrong with it, where)
+
+
+def is_glob(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def expand(path: str | Path) -> list[Path]:
+    """The files a data path names: itself, or a glob's sorted matches (none is an error)."""
+    text = str(path)
+    if not is_glob(text):
+        return [Path(text)]
+    matches = sorted(Path(p) for p in glob.glob(text, recursive=True))
+    if not matches:
+        raise DataError(f"{text}: the pattern matches no file")
+    return matches
+
+
+def _json_array(path: Path, text: str) -> Iterator[RawRow]:
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: malformed JSON array ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    if not isinstance(rows, list):
+        raise DataError(f"{path}: expected a JSON array of objects, got {type(rows).__name__}")
+    for i, row in enumerate(rows, start=1):
+        where = f"{path}: row {i}"
+        if isinstance(row, dict):
+            yield i, row, where
+        else:
+            yield i, DataError(f"{where}: expected a JSON object, got {type(row).__name__}"), where
+
+
+def iter_raw_json_rows(path: str | Path) -> Iterator[RawRow]:
+    """JSON lines (or one JSON array, recognised by its leading '['), bad rows yielded as errors."""
+    path = Path(path)
     try:
         f = open(path, "rb")  # bytes, so that a bad byte is reported on its own line
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror})") from None
     with f:
+        head = f.read(4096).lstrip()
+        f.seek(0)
+        if head.startswith(b"["):
+            try:
+                text = f.read().decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: not UTF-8 text (byte offset {e.start})") from None
+            yield from _json_array(path, text)
+            return
         for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})") from None
+                yield lineno, DataError(
+                    f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"), where
+                continue
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+                yield lineno, DataError(f"{where}: malformed JSON ({e.msg} at column {e.colno})"), where
+                continue
             if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+                yield lineno, DataError(f"{where}: expected a JSON object, got {type(row).__name__}"), where
+                continue
             yield lineno, row, where
+
+
+def _strict(rows: Iterator[RawRow]) -> Iterator[tuple[int, dict, str]]:
+    for i, row, where in rows:
+        if isinstance(row, DataError):
+            raise row
+        yield i, row, where
+
+
+def iter_json_rows(path: str | Path) -> Iterator[tuple[int, dict, str]]:
+    """Yield (1-based line number, object, "path:line") for each non-blank JSONL line; a bad line raises."""
+    yield from _strict(iter_raw_json_rows(path))
 
 
 def _open_columnar(path: Path) -> Any:
@@ -66,14 +136,42 @@ def _open_columnar(path: Path) -> Any:
         raise DataError(f"{path}: cannot be read as a dataset ({type(e).__name__}: {e})") from None
 
 
-def iter_rows(path: str | Path) -> Iterator[tuple[int, dict, str]]:
-    """Yield (1-based row number, row, where) for each row of a JSONL, Parquet, Arrow or
-    save_to_disk data set."""
-    p = Path(path)
-    if not p.is_dir() and p.suffix not in COLUMNAR:
-        yield from iter_json_rows(p)
-        return
+def _iter_one(p: Path) -> Iterator[RawRow]:
     if not p.exists():
         raise DataError(f"{p}: no such file or directory")
-    for i, row in enumerate(_open_columnar(p), start=1):
-        yield i, row, f"{p}: row {i}"
+    if p.is_dir() or p.suffix in COLUMNAR:
+        for i, row in enumerate(_open_columnar(p), start=1):
+            yield i, row, f"{p}: row {i}"
+    elif p.suffix in JSON_LINES:
+        yield from iter_raw_json_rows(p)
+    else:
+        raise DataError(f"{p}: unknown data format '{p.suffix or p.name}' (expected {FORMATS})")
+
+
+def iter_raw_rows(path: str | Path) -> Iterator[RawRow]:
+    """Every row of a data path (a file, directory or glob), bad rows yielded as `DataError`s.
+
+    A file with no rows at all is an error: it is almost always the wrong path or a failed export.
+    """
+    for p in expand(path):
+        n = 0
+        for n, raw in enumerate(_iter_one(p), start=1):
+            yield raw
+        if n == 0:
+            raise DataError(f"{p}: empty (no rows)")
+
+
+def iter_rows(path: str | Path) -> Iterator[tuple[int, dict, str]]:
+    """Yield (1-based row number, row, where) for each row of a data path; a bad row raises."""
+    yield from _strict(iter_raw_rows(path))
+
+
+def fingerprint(path: str | Path) -> list[tuple[str, int, int]]:
+    """(file, size, mtime in ns) of every file a data path reads: what a tokenization cache keys on."""
+    out: list[tuple[str, int, int]] = []
+    for p in expand(path):
+        files = sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
+        for q in files:
+            st = q.stat()
+            out.append((str(q.resolve()), st.st_size, st.st_mtime_ns))
+    return out

@@ -19,12 +19,13 @@ from splitserve.train.sources import TargetSource
 
 
 def run_dump(cfg: RunConfig, target=None) -> Path:
-    from splitserve.data import load_samples, resolve_train_path
+    from splitserve.data import load_options, load_samples, resolve_train_path
     from splitserve.target import load_target
 
     target = target or load_target(cfg.target)
     path = resolve_train_path(cfg.data.train_path)
-    samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples)
+    samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples,
+                                  load_options(cfg.data))
     print(f"[dump] data {path}: {stats.summary()}")
     source = TargetSource(target, samples, bucketed=use_capture_graphs(cfg.target, target.device))
     out = Path(cfg.dump.out_dir)

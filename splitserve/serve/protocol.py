@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitserve.data.chat import has_chat_template
+from splitserve.data.chat import ChatTemplate, DataError, has_chat_template
 from splitserve.data.prompts import encode_prompt
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -110,7 +110,15 @@ def _encode_chat(body: dict, tokenizer) -> list[int]:
         raise _bad("'messages' is required: a non-empty list of {role, content}", "messages")
     if not has_chat_template(tokenizer):
         raise ApiError(400, "this model has no chat template; use /v1/completions", "messages")
-    return encode_prompt(tokenizer, [_message_text(m, i) for i, m in enumerate(messages)])
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise _bad("'chat_template_kwargs' must be an object, e.g. {\"enable_thinking\": false}",
+                   "chat_template_kwargs")
+    chat = [_message_text(m, i) for i, m in enumerate(messages)]
+    try:  # as vLLM and SGLang: the kwargs reach the template, e.g. Qwen3's enable_thinking
+        return encode_prompt(tokenizer, chat, ChatTemplate(kwargs=kwargs))
+    except DataError as exc:
+        raise _bad(f"the chat template failed on these messages: {exc}", "messages") from None
 
 
 def _encode_completion(body: dict, tokenizer) -> list[int]:

@@ -36,12 +36,13 @@ def build_source(cfg: RunConfig, target, quiet: bool = False, store_dtype: torch
         if not quiet:
             print(f"[train] reading {len(reader)} samples from dump {cfg.data.dump_dir}")
         return DumpSource(reader)
-    from splitserve.data import load_samples, resolve_train_path
+    from splitserve.data import load_options, load_samples, resolve_train_path
     from splitserve.target.bucketed import use_capture_graphs
 
     graphs = use_capture_graphs(cfg.target, target.device)
     path = resolve_train_path(cfg.data.train_path)
-    samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples)
+    samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples,
+                                  load_options(cfg.data))
     if not quiet:
         print(f"[train] data {path}: {stats.summary()}")
     return TargetSource(target, samples, store_dtype, bucketed=graphs)

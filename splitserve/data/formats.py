@@ -1,0 +1,117 @@
+"""Row shapes users bring, mapped to one schema: a list of {"role", "content"} messages.
+
+    {"messages": [{"role", "content"}, ...]}          OpenAI chat (roles system/user/assistant/tool)
+    {"conversations": [{"from", "value"}, ...]}       ShareGPT (from: system/human/gpt/tool, and aliases)
+    {"prompt", "response"} (+ optional "system")      single turn
+    {"instruction", "output"} (+ "input", "system")   Alpaca-style single turn; "input" follows the
+                                                      instruction after a blank line
+
+Besides role and content a message keeps the string fields chat templates read
+(`reasoning_content`, `name`, `tool_call_id`) and an assistant's `tool_calls`, so a template renders
+a turn as the model saw it. Any fault raises a `DataError` naming the row and the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from splitserve.data.rows import DataError
+
+ROLES = ("system", "user", "assistant", "tool")
+# ShareGPT speaker names seen in the wild -> roles.
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "model": "assistant", "chatgpt": "assistant", "bing": "assistant",
+    "tool": "tool", "function": "tool", "observation": "tool", "function_response": "tool",
+}
+EXTRA_STRING_FIELDS = ("reasoning_content", "name", "tool_call_id")
+
+Message = dict[str, Any]
+
+
+def _message(role: str, content: Any, src: dict, where: str, j: int, key: str) -> Message:
+    if content is None and role == "assistant" and src.get("tool_calls"):
+        content = ""  # an assistant turn that only calls tools
+    if not isinstance(content, str):
+        raise DataError(f"{where}: {key}[{j}] content must be a string, got {type(content).__name__}")
+    msg: Message = {"role": role, "content": content}
+    for name in EXTRA_STRING_FIELDS:
+        if isinstance(src.get(name), str):
+            msg[name] = src[name]
+    if role == "assistant" and isinstance(src.get("tool_calls"), list) and src["tool_calls"]:
+        msg["tool_calls"] = src["tool_calls"]
+    return msg
+
+
+def _openai(raw: Any, where: str) -> list[Message]:
+    if not isinstance(raw, list):
+        raise DataError(f"{where}: 'messages' must be a list, got {type(raw).__name__}")
+    messages: list[Message] = []
+    for j, msg in enumerate(raw):
+        if not isinstance(msg, dict):
+            raise DataError(f"{where}: messages[{j}] must be an object, got {type(msg).__name__}")
+        for key in ("role", "content"):
+            if key not in msg:
+                raise DataError(f"{where}: messages[{j}] is missing '{key}'")
+        if msg["role"] not in ROLES:
+            raise DataError(f"{where}: messages[{j}] has unknown role {msg['role']!r} (expected one of {ROLES})")
+        messages.append(_message(msg["role"], msg["content"], msg, where, j, "messages"))
+    return messages
+
+
+def _sharegpt(raw: Any, where: str) -> list[Message]:
+    if not isinstance(raw, list):
+        raise DataError(f"{where}: 'conversations' must be a list, got {type(raw).__name__}")
+    messages: list[Message] = []
+    for j, turn in enumerate(raw):
+        if not isinstance(turn, dict):
+            raise DataError(f"{where}: conversations[{j}] must be an object, got {type(turn).__name__}")
+        for key in ("from", "value"):
+            if key not in turn:
+                raise DataError(f"{where}: conversations[{j}] is missing '{key}'")
+        speaker = turn["from"]
+        role = SHAREGPT_ROLES.get(speaker.lower()) if isinstance(speaker, str) else None
+        if role is None:
+            raise DataError(
+                f"{where}: conversations[{j}] has unknown speaker {speaker!r} (expected one of "
+                f"{sorted(SHAREGPT_ROLES)})"
+            )
+        messages.append(_message(role, turn["value"], turn, where, j, "conversations"))
+    return messages
+
+
+def _require_str(row: dict, key: str, where: str) -> str:
+    value = row[key]
+    if not isinstance(value, str):
+        raise DataError(f"{where}: '{key}' must be a string, got {type(value).__name__}")
+    return value
+
+
+def _single_turn(row: dict, prompt: str, answer: str, where: str) -> list[Message]:
+    messages: list[Message] = []
+    if row.get("system") is not None:
+        messages.append({"role": "system", "content": _require_str(row, "system", where)})
+    messages.append({"role": "user", "content": prompt})
+    messages.append({"role": "assistant", "content": answer})
+    return messages
+
+
+def parse_messages(row: dict, where: str) -> list[Message]:
+    """Any supported row shape -> a validated message list (the columnar formats fill absent
+    columns with None, so a None field counts as absent)."""
+    if row.get("messages") is not None:
+        return _openai(row["messages"], where)
+    if row.get("conversations") is not None:
+        return _sharegpt(row["conversations"], where)
+    if row.get("prompt") is not None and "response" in row:
+        return _single_turn(row, _require_str(row, "prompt", where), _require_str(row, "response", where), where)
+    if row.get("instruction") is not None and "output" in row:
+        prompt = _require_str(row, "instruction", where)
+        if row.get("input"):
+            prompt = f"{prompt}\n\n{_require_str(row, 'input', where)}"
+        return _single_turn(row, prompt, _require_str(row, "output", where), where)
+    raise DataError(
+        f"{where}: unknown row format (expected 'messages', ShareGPT 'conversations', "
+        f"'prompt' and 'response', or 'instruction' and 'output'; got keys {sorted(row)})"
+    )

@@ -1,0 +1,141 @@
+"""Loading training samples: bad rows skipped and counted with where they were (strict: an error),
+tokenization cached and reused, worker processes giving the same samples, and a training run on
+ShareGPT rows stored as Parquet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+
+import splitserve.data.samples as samples_mod
+import splitserve.train.loop as loop
+from splitserve.config import DataConfig, DraftConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
+from splitserve.data import DataError, LoadOptions, load_samples
+from splitserve.target.hf import load_hf_target
+
+GOOD = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]}
+
+
+def _write(path: Path, lines: list) -> Path:
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return path
+
+
+def test_malformed_rows_among_good_ones_are_skipped_with_their_lines(tmp_path, smollm2_tokenizer, capsys):
+    path = _write(tmp_path / "mixed.jsonl", [GOOD, "{not json", GOOD, {"messages": [{"role": "robot", "content": "x"}]},
+                                             {"prompt": "p", "response": "r"}])
+    samples, stats = load_samples(path, smollm2_tokenizer, 64)
+    assert [s.source for s in samples] == [f"{path}:1", f"{path}:3", f"{path}:5"]
+    assert stats.rows == 5 and stats.samples == 3
+    assert stats.skipped["malformed"] == [f"{path}:2", f"{path}:4"]
+    assert f"5 rows -> 3 samples, 0 empty skipped, 2 malformed skipped ({path}:2, {path}:4)" in stats.summary()
+    assert f"{path}:2: malformed JSON" in capsys.readouterr().out
+    with pytest.raises(DataError, match=r"mixed\.jsonl:2: malformed JSON"):
+        load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(strict=True))
+
+
+def test_columnar_bad_row_is_named_by_row_number(tmp_path, smollm2_tokenizer):
+    path = tmp_path / "bad.parquet"
+    rows = [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": None}]
+    datasets.Dataset.from_list(rows).to_parquet(str(path))
+    _, stats = load_samples(path, smollm2_tokenizer, 64)
+    assert stats.skipped["malformed"] == [f"{path}: row 2"]
+    with pytest.raises(DataError, match=r"bad\.parquet: row 2: 'response' must be a string"):
+        load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(strict=True))
+
+
+def test_empty_file_is_an_error_not_zero_samples(tmp_path, smollm2_tokenizer):
+    (tmp_path / "none.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"none\.jsonl: empty \(no rows\)"):
+        load_samples(tmp_path / "none.jsonl", smollm2_tokenizer, 64)
+
+
+def test_second_load_reads_the_cache_and_edits_invalidate_it(tmp_path, smollm2_tokenizer, monkeypatch):
+    monkeypatch.setenv("SPLITSERVE_CACHE", str(tmp_path / "cache"))
+    path = _write(tmp_path / "d.jsonl", [GOOD, {"prompt": "Two plus two?", "response": "Four."}, "oops"])
+    opts = LoadOptions(cache=True)
+    first, stats1 = load_samples(path, smollm2_tokenizer, 64, opts=opts)
+    assert not stats1.cached and len(list((tmp_path / "cache" / "tokenized").iterdir())) == 2  # entry + lock
+
+    def no_tokenizing(*a, **k):
+        raise AssertionError("tokenized again")
+
+    monkeypatch.setattr(samples_mod, "_tokenize_row", no_tokenizing)
+    again, stats2 = load_samples(path, smollm2_tokenizer, 64, opts=opts)
+    assert stats2.cached and [(s.input_ids, s.loss_mask, s.source) for s in again] == \
+        [(s.input_ids, s.loss_mask, s.source) for s in first]
+    assert stats2.skipped == stats1.skipped and stats2.summary().endswith("from cache")
+    # Another max_length, or changed data, is another entry.
+    with pytest.raises(AssertionError, match="tokenized again"):
+        load_samples(path, smollm2_tokenizer, 32, opts=opts)
+    _write(path, [GOOD])
+    with pytest.raises(AssertionError, match="tokenized again"):
+        load_samples(path, smollm2_tokenizer, 64, opts=opts)
+
+
+def test_worker_processes_give_the_same_samples(tmp_path, smollm2_tokenizer):
+    rows = [{"prompt": f"Question {i}?", "response": f"Answer number {i}."} for i in range(12)]
+    path = _write(tmp_path / "many.jsonl", rows)
+    one, _ = load_samples(path, smollm2_tokenizer, 64)
+    two, stats = load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(num_proc=2))
+    assert stats.samples == 12
+    assert [(s.input_ids, s.loss_mask, s.source) for s in one] == [(s.input_ids, s.loss_mask, s.source) for s in two]
+
+
+def test_train_on_sharegpt_parquet(tiny_smol_dir, tmp_path, monkeypatch):
+    """ShareGPT rows (a tool turn among them) stored as Parquet train, with the masks the same
+    conversations give as OpenAI messages in JSONL."""
+    monkeypatch.setenv("SPLITSERVE_CACHE", str(tmp_path / "cache"))
+    convs = [
+        [("system", "You are terse."), ("human", "Weather in Paris?"), ("gpt", "Checking."),
+         ("tool", "18C, sunny"), ("gpt", "Sunny, 18C."), ("human", "Thanks"), ("gpt", "Any time.")],
+        [("human", "Name a colour."), ("gpt", "Blue.")],
+        [("human", "Count to three."), ("gpt", "One, two, three.")],
+    ]
+    role = {"system": "system", "human": "user", "gpt": "assistant", "tool": "tool"}
+    sharegpt = [{"conversations": [{"from": f, "value": v} for f, v in c]} for c in convs]
+    openai = [{"messages": [{"role": role[f], "content": v} for f, v in c]} for c in convs]
+    datasets.Dataset.from_list(sharegpt).to_parquet(str(tmp_path / "chat.parquet"))
+    _write(tmp_path / "chat.jsonl", openai)
+    cfg = RunConfig(
+        target=TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), layer_ids=[0, 1, 2], device="cpu"),
+        draft=DraftConfig(num_layers=1, block_size=4, markov_rank=4, intermediate_size=32),
+        data=DataConfig(train_path=str(tmp_path / "chat.parquet"), max_length=96),
+        train=TrainConfig(max_steps=2, batch_size=2, anchors_per_seq=4, save_every=100, log_every=1, device="cpu"),
+        eval=EvalConfig(enabled=False),
+        run_dir=str(tmp_path / "run"),
+    )
+    target = load_hf_target(cfg.target)
+    from_parquet = loop.build_source(cfg, target).samples
+    want, _ = load_samples(tmp_path / "chat.jsonl", target.tokenizer, 96)
+    assert [(s.input_ids, s.loss_mask) for s in from_parquet] == [(s.input_ids, s.loss_mask) for s in want]
+    trained = target.tokenizer.decode([t for t, m in zip(from_parquet[0].input_ids, from_parquet[0].loss_mask) if m])
+    assert trained == "Checking.<|im_end|>Sunny, 18C.<|im_end|>Any time.<|im_end|>"
+    assert loop.train(cfg, target).state.step == 2
+
+
+def test_concurrent_loaders_tokenize_once(tmp_path, smollm2_tokenizer, monkeypatch):
+    """The target ranks of a split job all load at once: the first tokenizes, the others wait on
+    the cache entry's lock and read what it wrote."""
+    import threading
+
+    monkeypatch.setenv("SPLITSERVE_CACHE", str(tmp_path / "cache"))
+    path = _write(tmp_path / "d.jsonl", [GOOD] * 8)
+    calls, real = [], samples_mod._tokenize
+    monkeypatch.setattr(samples_mod, "_tokenize", lambda *a: calls.append(1) or real(*a))
+    results = [None] * 3
+
+    def load(k):
+        results[k] = load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(cache=True))
+
+    threads = [threading.Thread(target=load, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert sorted(r[1].cached for r in results) == [False, True, True]
+    assert len({tuple(map(tuple, (s.input_ids for s in r[0]))) for r in results}) == 1
