@@ -7,6 +7,8 @@ glob of files (docs/data.md); nothing is ever downloaded.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from splitserve.assets import CHITCHAT_NAME
 from splitserve.data.chat import (
     ChatTemplate,
