@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from splitserve.serve.config import EngineConfig
 from splitserve.serve.engine import ContextLengthError, Engine, SamplingParams, attention_windows
 from splitserve.spec.decode import target_decode
+from splitserve.spec.verify import truncate_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -181,8 +182,9 @@ def test_round_has_no_host_reads(monkeypatch):
     assert reads.count("tolist") == len(stats.accepts) and len(reads) == len(stats.accepts) + 1, reads
 
 
-def test_sampling_matches_target_distribution():
-    """T=1: exact marginals of the two tokens after a fixed anchor vs engine samples (V=16), as
+@pytest.mark.parametrize("trunc", [(0, 1.0), (5, 0.8)])
+def test_sampling_matches_target_distribution(trunc):
+    """T=1 (and top_k/top_p truncation): exact marginals of the two tokens after a fixed anchor vs engine samples (V=16), as
     in test_spec_decode, through the static cache, static context and device-side verification.
     One prefill, then each sample rewinds the state to the anchor and runs rounds until it has
     two tokens: that is what generate() does after its prefill, without paying for the prefill."""
@@ -194,9 +196,9 @@ def test_sampling_matches_target_distribution():
     prompt, anchor = [1, 2, 3], 7
     ctx = prompt + [anchor]
     with torch.no_grad():
-        p1 = torch.softmax(target.model(torch.tensor([ctx])).logits[0, -1], -1)  # (V,)
+        p1 = truncate_probs(torch.softmax(target.model(torch.tensor([ctx])).logits[0, -1], -1), *trunc)  # (V,)
         nxt = torch.cat([torch.tensor([ctx]).expand(16, 4), torch.arange(16)[:, None]], 1)
-        p2 = p1 @ torch.softmax(target.model(nxt).logits[:, -1], -1)
+        p2 = p1 @ truncate_probs(torch.softmax(target.model(nxt).logits[:, -1], -1), *trunc)
     engine = Engine(target, draft, EngineConfig(max_context=16, seed=0))
     engine._prefill(prompt, 1.0)
     n = 2000
@@ -206,7 +208,7 @@ def test_sampling_matches_target_distribution():
         engine.anchor.fill_(anchor)
         toks = []
         while len(toks) < 2:
-            engine._spec_round(1.0, engine.windows[-1])
+            engine._spec_round(1.0, engine.windows[-1], trunc)
             out = engine.out.tolist()
             toks += out[1 : out[0] + 2]
         first[toks[0]] += 1
@@ -214,6 +216,7 @@ def test_sampling_matches_target_distribution():
     # 2000 samples: a frequency's std is at most ~0.011; 0.045 is ~4 sigma.
     assert (first / n - p1).abs().max() < 0.045
     assert (second / n - p2).abs().max() < 0.045
+    assert first[p1 == 0].sum() == 0 and second[p2 == 0].sum() == 0  # truncated tokens never come out
 
 
 def test_seeded_sampling_is_reproducible():
