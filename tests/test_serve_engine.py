@@ -171,11 +171,11 @@ def test_round_has_no_host_reads(monkeypatch):
             return _orig(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    for temperature in (0.0, 1.0):
+    for temperature, trunc in ((0.0, (0, 1.0)), (1.0, (0, 1.0)), (1.0, (5, 0.8))):
         with _SyncOps() as syncs:
-            engine._spec_round(temperature, engine.windows[-1])
-            engine._ar_step(temperature, engine.windows[-1])
-        assert syncs.seen == [], (temperature, syncs.seen)
+            engine._spec_round(temperature, engine.windows[-1], trunc)
+            engine._ar_step(temperature, engine.windows[-1], trunc)
+        assert syncs.seen == [], (temperature, trunc, syncs.seen)
     assert reads == []
     stats = engine.generate([1, 2, 3], SamplingParams(max_tokens=20))
     # one read of the first token after the prefill, then one `out.tolist()` per round
@@ -184,8 +184,9 @@ def test_round_has_no_host_reads(monkeypatch):
 
 @pytest.mark.parametrize("trunc", [(0, 1.0), (5, 0.8)])
 def test_sampling_matches_target_distribution(trunc):
-    """T=1 (and top_k/top_p truncation): exact marginals of the two tokens after a fixed anchor vs engine samples (V=16), as
-    in test_spec_decode, through the static cache, static context and device-side verification.
+    """T=1 (and top_k/top_p truncation): exact marginals of the two tokens after a fixed anchor
+    vs engine samples (V=16), as in test_spec_decode, through the static cache, static context and
+    device-side verification.
     One prefill, then each sample rewinds the state to the anchor and runs rounds until it has
     two tokens: that is what generate() does after its prefill, without paying for the prefill."""
     target = tiny_target(seed=5, vocab=16, layers=3, layer_ids=(0, 1))

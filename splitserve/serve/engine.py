@@ -208,7 +208,8 @@ class Engine:
         last = seq_len + (self.gamma if mode == "spec" else 0)
         return next(w for w in self.windows if w > last)
 
-    def _prepare(self, mode: str, temperature: float, first: int, last: int, trunc: tuple[int, float] = (0, 1.0)) -> None:
+    def _prepare(self, mode: str, temperature: float, first: int, last: int,
+                 trunc: tuple[int, float] = (0, 1.0)) -> None:
         """Capture the graphs of the windows used by steps starting at committed lengths
         first..last (windows too small for any step are never used, so never captured). Warm-up
         runs clobber the engine state, so this happens before a prefill."""
