@@ -222,8 +222,12 @@ class SplitServer:
     async def _events(self, job: Job, woke: asyncio.Event, text: TextStream, request: Request | None = None):
         """-> (text delta, None) per round, then ("", (finish_reason, completion tokens)).
         With `request` (non-streaming), a wait also checks the client is still there."""
-        count = 0
+        count, checked = 0, time.monotonic()
         while True:
+            if request is not None and time.monotonic() - checked >= CLIENT_CHECK_S:
+                checked = time.monotonic()  # by the clock: events may arrive faster than that
+                if await request.is_disconnected():
+                    raise ClientGone
             try:
                 kind, value = job.events.get_nowait()
             except queue.Empty:
@@ -232,8 +236,7 @@ class SplitServer:
                     try:
                         await asyncio.wait_for(woke.wait(), CLIENT_CHECK_S)
                     except TimeoutError:
-                        if request is not None and await request.is_disconnected():
-                            raise ClientGone from None
+                        pass
                 continue
             if kind == "tokens":
                 count += len(value)
