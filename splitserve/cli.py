@@ -23,6 +23,8 @@ import os
 import sys
 from pathlib import Path
 
+from splitserve.checks import check_export_dir, check_prompts, check_train_data, draft_meta, user_error_types
+
 USAGE = __doc__.split("\n\n")[1]
 DEBUG_FLAG = "--debug"
 
@@ -65,38 +67,6 @@ def _save_resolved(cfg, run_dir: Path) -> None:
 
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-
-
-def user_error_types() -> tuple[type[BaseException], ...]:
-    """The exceptions that mean "the user can fix this": printed as one line, no traceback."""
-    from splitserve.assets import AssetError
-    from splitserve.data.rows import DataError
-    from splitserve.errors import UserError
-    from splitserve.models.build import DraftMismatchError
-    from splitserve.offline.reader import DumpError
-    from splitserve.split.routing import SplitConfigError
-    from splitserve.train.checkpoint import CheckpointError
-
-    return (UserError, DataError, DraftMismatchError, CheckpointError, AssetError, DumpError, SplitConfigError)
-
-
-def check_train_data(cfg) -> None:
-    """Read every data file a train run will use before the target loads: a missing, empty,
-    non-UTF-8 or malformed file is a one-line DataError naming the file and row."""
-    from splitserve.data import resolve_prompts_path, resolve_train_path
-    from splitserve.data.prompts import read_prompts
-    from splitserve.data.rows import DataError, iter_rows
-
-    if not cfg.data.dump_dir:
-        path = resolve_train_path(cfg.data.train_path)
-        if next(iter_rows(path), None) is None:
-            raise DataError(f"{path}: no rows (the file is empty); data.train_path must name chat data")
-        for _ in iter_rows(path):  # a bad byte or line anywhere, named by its row
-            pass
-    if cfg.eval.enabled:
-        path = resolve_prompts_path(cfg.data.heldout_prompts)
-        if not read_prompts(path):
-            raise DataError(f"{path}: no prompts (the file is empty); data.heldout_prompts must name prompts")
 
 
 def hydra_app(command: str, argv: list[str]) -> None:
@@ -143,28 +113,6 @@ def hydra_app(command: str, argv: list[str]) -> None:
     app()
     if failed:
         raise failed[0]
-
-
-def draft_meta(path: str, flag: str):
-    """read_draft_meta with its errors as one-line UserErrors naming the flag."""
-    from splitserve.errors import UserError
-    from splitserve.models.io import read_draft_meta
-
-    try:
-        return read_draft_meta(path)
-    except (FileNotFoundError, ValueError, KeyError) as exc:  # JSONDecodeError is a ValueError
-        raise UserError(f"{flag} {path}: {exc}") from None
-
-
-def check_prompts(name: str, flag: str) -> None:
-    """A prompts file read in full before any model loads (missing, empty, bad rows)."""
-    from splitserve.data import resolve_prompts_path
-    from splitserve.data.prompts import read_prompts
-    from splitserve.data.rows import DataError
-
-    path = resolve_prompts_path(name)
-    if not read_prompts(path):
-        raise DataError(f"{flag} {path}: no prompts (the file is empty)")
 
 
 def eval_main(argv: list[str]) -> None:
@@ -258,19 +206,6 @@ def export_main(argv: list[str]) -> None:
         return
     out = export_draft(draft, args.out_dir, target.info, calibration)
     print(f"exported {args.run_dir} ({kind}) -> {out}" + (" with STS calibration" if calibration else ""))
-
-
-def check_export_dir(out_dir: str, force: bool) -> Path:
-    """Refuse to write into a non-empty OUT_DIR (a stale file there, e.g. calibration.json, would
-    be served with the new weights) unless --force, which replaces it whole."""
-    from splitserve.errors import UserError
-
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"OUT_DIR {out} is a file, not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise UserError(f"OUT_DIR {out} is not empty; pass --force to replace it")
-    return out
 
 
 def _run_settings(run_dir: str) -> dict:

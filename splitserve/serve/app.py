@@ -59,7 +59,9 @@ def run_server(models: ModelsConfig, engine_cfg: EngineConfig, server_cfg: Serve
           f"CUDA graphs {'on' if e.graphs.enabled else 'off'}"
           f"{', API key required' if server_cfg.api_key else ''})", flush=True)
     try:
-        server.serve_forever()  # uvicorn handles SIGINT / SIGTERM: a graceful stop
+        server.serve_forever()  # uvicorn handles SIGINT / SIGTERM: a graceful stop, then re-raises them
+    except KeyboardInterrupt:
+        pass
     finally:
         server.sock.close()
         server.worker.stop()

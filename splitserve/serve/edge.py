@@ -53,7 +53,8 @@ class Edge:
         scope[ARRIVAL] = time.perf_counter()
 
         async def counted(message) -> None:
-            if message["type"] == "http.response.start" and message["status"] >= 400:
+            # 499: the route noticed the client had left; the worker counts that as cancelled
+            if message["type"] == "http.response.start" and message["status"] >= 400 and message["status"] != 499:
                 self.metrics.http_error(message["status"])
             await send(message)
 
