@@ -15,9 +15,11 @@ draft token was accepted. Each server has its own registry, so several servers i
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from splitserve.serve.engine import GenStats
+
+disable_created_metrics()  # no `*_created` series beside every counter (vLLM turns them off too)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Batch 1 on a small target: latencies from well under a millisecond to minutes.
