@@ -243,7 +243,8 @@ def test_cuda_graph_rounds_equal_eager_rounds():
         ref = target_decode(target, prompt, 48)
         for mode in ("spec", "ar"):
             assert graphed.generate(prompt, SamplingParams(max_tokens=48), mode=mode).tokens == ref, mode
-    assert ("spec", 0.0, graphed.windows[-1]) in graphed.graphs and ("ar", 0.0, graphed.windows[-1]) in graphed.graphs
+    w, off = graphed.windows[-1], (0, 1.0)  # graph keys: (mode, temperature, window, (top_k, top_p))
+    assert ("spec", 0.0, w, off) in graphed.graphs and ("ar", 0.0, w, off) in graphed.graphs
     windowed = Engine(target, draft, EngineConfig(max_context=128, min_window=16))
     for prompt in _prompts(8):
         ref = target_decode(target, prompt, 48)
@@ -252,6 +253,10 @@ def test_cuda_graph_rounds_equal_eager_rounds():
     assert sum(k[0] == "spec" for k in windowed.graphs._graphs) >= 3  # one graph per window in use
     stats = graphed.generate([1, 2, 3], SamplingParams(max_tokens=32, temperature=1.0, seed=1))
     assert len(stats.tokens) == 32 and all(0 <= t < target.info.vocab_size for t in stats.tokens)
+    # top_k / top_p under graphs: the sort and top-k of the truncation capture too
+    truncated = SamplingParams(max_tokens=32, temperature=1.0, seed=1, top_k=5, top_p=0.8)
+    stats = graphed.generate([1, 2, 3], truncated)
+    assert len(stats.tokens) == 32 and ("spec", 1.0, w, (5, 0.8)) in graphed.graphs
 
 
 def test_compiled_round_equals_eager_round():
