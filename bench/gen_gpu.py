@@ -44,7 +44,7 @@ def _serve_untrained(out_dir: Path, device: str, dtype: str):
     draft_dir = export_draft(build_draft(arch, target).eval(), out_dir / "untrained_draft", target.info)
     del target
     srv = make_server(ModelsConfig(draft=str(draft_dir), target="smollm2-135m", device=device, dtype=dtype),
-                      EngineConfig(max_context=2048), ServerConfig(port=0, model_name="smollm2-135m-spec"))
+                      EngineConfig(max_context=2048), ServerConfig(port=0, served_model_name="smollm2-135m-spec"))
     srv.start_background()
     return srv
 
@@ -82,7 +82,8 @@ def main() -> None:
             s = run_gen(GenConfig(out=str(out), device=args.device, dtype=dtype, batch_size=args.batch_size,
                                   batching=mode, **common))
         secs = time.time() - t0
-        results[mode] = {"rows": s.written, "already_there": s.already_done, "seconds": round(secs, 2), "rows_per_s": round(s.written / secs, 2),
+        results[mode] = {"rows": s.written, "already_there": s.already_done, "seconds": round(secs, 2),
+                         "rows_per_s": round(s.written / secs, 2),
                          "new_tokens": s.new_tokens, "tokens_per_s": round(s.new_tokens / secs, 1),
                          "replies_cut": s.unfinished}
         print(f"[bench] {mode}: {results[mode]}", flush=True)

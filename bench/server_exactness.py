@@ -38,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
 
     server = make_server(ModelsConfig(draft=args.draft, device=args.device),
-                         EngineConfig(max_context=2048), ServerConfig(port=0, model_name="draft"))
+                         EngineConfig(max_context=2048), ServerConfig(port=0, served_model_name="draft"))
     server.start_background()
     reference = load_hf_target(TargetConfig(device=args.device))  # a second copy, never shared
     eos = set(eos_ids(reference))

@@ -11,7 +11,8 @@
     splitserve bench  --draft D [...]     batch-1 latency on synthetic prompts, optionally vs baselines
 
 `train` and `dump` are Hydra apps over the package's `splitserve/conf/` (so `-m` multirun
-sweeps work); the other commands take plain flags.
+sweeps work); the other commands take plain flags. A user error (a bad file, row, flag, port or
+draft) prints one line and exits 1; `--debug` anywhere on the line shows its traceback instead.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ import os
 import sys
 from pathlib import Path
 
+from splitserve.checks import check_export_dir, check_prompts, check_train_data, draft_meta, user_error_types
+
 USAGE = __doc__.split("\n\n")[1]
+DEBUG_FLAG = "--debug"
 
 
 PACKAGE_CONF = Path(__file__).resolve().parent / "conf"  # package data: ships in the wheel
@@ -69,9 +73,16 @@ def hydra_app(command: str, argv: list[str]) -> None:
     import hydra
 
     _register_schema()
+    failed: list[BaseException] = []  # raised again after Hydra returns, so it never prints them
 
     @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
     def app(dcfg) -> None:
+        try:
+            run(dcfg)
+        except user_error_types() as exc:
+            failed.append(exc)
+
+    def run(dcfg) -> None:
         cfg = to_run_config(dcfg)
         if command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from splitserve.split.runner import run_split
@@ -83,6 +94,7 @@ def hydra_app(command: str, argv: list[str]) -> None:
             from splitserve.train.heldout import evaluate_run
             from splitserve.train.loop import train
 
+            check_train_data(cfg)
             _save_resolved(cfg, Path(cfg.run_dir))
             result = train(cfg)
             if cfg.eval.enabled and cfg.target.backend != "transformers":
@@ -99,6 +111,8 @@ def hydra_app(command: str, argv: list[str]) -> None:
 
     sys.argv = [f"splitserve {command}", *argv]
     app()
+    if failed:
+        raise failed[0]
 
 
 def eval_main(argv: list[str]) -> None:
@@ -122,13 +136,14 @@ def eval_main(argv: list[str]) -> None:
 
     from splitserve.config import TargetConfig
     from splitserve.models.build import build_draft, check_compatible
-    from splitserve.models.io import load_draft, read_draft_meta
+    from splitserve.models.io import load_draft
     from splitserve.spec.evaluate import evaluate, format_reports
     from splitserve.target.eos import eos_ids
     from splitserve.target.hf import load_hf_target, peek_target_info
     from splitserve.train.heldout import load_prompt_ids
 
-    arch, _, run_target = read_draft_meta(args.draft)
+    arch, _, run_target = draft_meta(args.draft, "--draft")
+    check_prompts(args.prompts, "--prompts")
     target_path = args.target or run_target or "smollm2-135m"
     tcfg = TargetConfig(name=Path(target_path).name, path=target_path, dtype=args.dtype, device=args.device,
                         layer_ids=list(arch.target_layer_ids))
@@ -171,24 +186,30 @@ def export_main(argv: list[str]) -> None:
                    help="sglang format: dspark (the default); dflash is refused, see docs/deploy.md")
     p.add_argument("--keep-fp32", action="store_true",
                    help="speculators format: keep float32 weights (default: bfloat16); refused for sglang")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists and is not empty")
     args = p.parse_args(argv)
     if args.format == "sglang" and (args.keep_fp32 or args.algorithm == "dflash"):
         from splitserve.export.sglang import refuse_options
 
         refuse_options(args.algorithm, args.keep_fp32)
+    out_dir = check_export_dir(args.out_dir, args.force)
 
     from splitserve.config import TargetConfig
     from splitserve.export import export_draft
-    from splitserve.models.io import load_draft, read_draft_meta
+    from splitserve.models.io import load_draft
     from splitserve.spec.calibration import load_calibration
     from splitserve.target.hf import load_hf_target
 
-    arch, kind, run_target = read_draft_meta(args.run_dir)
+    arch, kind, run_target = draft_meta(args.run_dir, "RUN_DIR")
     target_path = args.target or run_target or "smollm2-135m"
     target = load_hf_target(TargetConfig(name=arch.target_name or Path(target_path).name, path=target_path,
                                          layer_ids=list(arch.target_layer_ids), device="cpu"))
     draft = load_draft(args.run_dir, target)
     calibration = load_calibration(args.run_dir)
+    if out_dir.exists():  # --force: replaced whole, so no file of the old export survives
+        import shutil
+
+        shutil.rmtree(out_dir)
     text_cfg = target.model.config.get_text_config()
     max_pos = int(getattr(text_cfg, "max_position_embeddings", 32768))
     if args.format in ("speculators", "sglang"):
@@ -242,7 +263,7 @@ def calibrate_main(argv: list[str]) -> None:
     args = p.parse_args(argv)
 
     from splitserve.config import TargetConfig
-    from splitserve.models.io import load_draft, read_draft_meta
+    from splitserve.models.io import load_draft
     from splitserve.spec.calibration import calibrate_run, format_fit
     from splitserve.target.eos import eos_ids
     from splitserve.target.hf import load_hf_target
@@ -250,7 +271,7 @@ def calibrate_main(argv: list[str]) -> None:
 
     run = _run_settings(args.run_dir)
     ev, data = run.get("eval", {}), run.get("data", {})
-    arch, _, run_target = read_draft_meta(args.run_dir)
+    arch, _, run_target = draft_meta(args.run_dir, "RUN_DIR")
     target_path = args.target or run_target or "smollm2-135m"
     target = load_hf_target(TargetConfig(name=arch.target_name or Path(target_path).name, path=target_path,
                                          layer_ids=list(arch.target_layer_ids), device=args.device))
@@ -378,7 +399,8 @@ def _models_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target name or HF directory (default: the draft run's own)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 elsewhere) | float32 | bfloat16")
-    p.add_argument("--max-context", type=int, default=4096, help="prompt + generated tokens per request")
+    p.add_argument("--max-model-len", "--max-context", dest="max_context", type=int, default=4096,
+                   help="prompt + generated tokens per request (vLLM's name; --max-context is the old one)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the round eagerly on CUDA too")
     p.add_argument("--verify-kernel", default="auto", choices=["auto", "torch"])
     p.add_argument("--compile", action="store_true",
@@ -404,24 +426,44 @@ def _models_and_engine(args):
 
 
 def serve_main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="splitserve serve", description="OpenAI-compatible speculative server.")
-    _models_args(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--model-name", default=None, help="model id in /v1/models (default: the draft directory name)")
-    p.add_argument("--max-queue", type=int, default=64)
-    args = p.parse_args(argv)
-
-    from splitserve.models.build import DraftMismatchError
-    from splitserve.serve.app import run_server
     from splitserve.serve.config import ServerConfig
 
+    d = ServerConfig()
+    p = argparse.ArgumentParser(prog="splitserve serve", description="OpenAI-compatible speculative server "
+                                "(flags named as vLLM's where vLLM has one; docs/serving.md).")
+    _models_args(p)
+    p.add_argument("--host", default=d.host, help="address to listen on (vLLM's default is every interface)")
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--served-model-name", "--model-name", dest="served_model_name", default=None,
+                   help="model id in /v1/models and the only accepted 'model' (default: the target's name)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="Jinja chat template file used instead of the tokenizer's")
+    p.add_argument("--seed", type=int, default=0, help="generator seed for sampled requests without a seed")
+    p.add_argument("--max-queue", type=int, default=d.max_queue, help="waiting requests beyond this get 503")
+    p.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
+                   help="seconds for a request body to arrive (408 after)")
+    p.add_argument("--timeout-keep-alive", type=float, default=d.keep_alive_s,
+                   help="seconds an idle keep-alive connection stays open (uvicorn's name)")
+    p.add_argument("--ignore-field", action="append", default=[], metavar="NAME",
+                   help="accept this request field and ignore it instead of refusing it with 400 (repeatable)")
+    args = p.parse_args(argv)
+
+    from splitserve.errors import UserError
+    from splitserve.models.build import DraftMismatchError
+    from splitserve.serve.app import run_server
+
+    draft_meta(args.draft, "--draft")
     models, engine = _models_and_engine(args)
-    server = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue)
+    engine.seed = args.seed
+    server = ServerConfig(host=args.host, port=args.port, served_model_name=args.served_model_name,
+                          api_key=args.api_key, chat_template=args.chat_template, max_queue=args.max_queue,
+                          request_timeout_s=args.request_timeout, keep_alive_s=args.timeout_keep_alive,
+                          ignore_fields=tuple(args.ignore_field))
     try:
         run_server(models, engine, server)
     except DraftMismatchError as exc:
-        sys.exit(f"splitserve serve: refusing to start: {exc}")
+        raise UserError(f"refusing to start: {exc}") from None
 
 
 def bench_main(argv: list[str]) -> None:
@@ -460,16 +502,25 @@ COMMANDS = {"eval": eval_main, "export": export_main, "gen": gen_main, "calibrat
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv
+    argv = [a for a in argv if a != DEBUG_FLAG]
     if not argv or argv[0] in ("-h", "--help", "help"):
         print("usage:\n" + USAGE)
         return
     cmd, rest = argv[0], argv[1:]
-    if cmd in ("train", "dump"):
-        hydra_app(cmd, rest)
-    elif cmd in COMMANDS:
-        COMMANDS[cmd](rest)
-    else:
+    if cmd not in COMMANDS and cmd not in ("train", "dump"):
         sys.exit(f"splitserve: unknown command {cmd!r}\nusage:\n{USAGE}")
+    try:
+        if cmd in ("train", "dump"):
+            hydra_app(cmd, rest)
+        else:
+            COMMANDS[cmd](rest)
+    except user_error_types() as exc:
+        if debug:
+            raise
+        from splitserve.errors import one_line
+
+        sys.exit(f"splitserve {cmd}: {one_line(exc)}")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def live_server(sharp_dir, tmp_path_factory):
 
     draft = export_tiny_draft(sharp_dir, tmp_path_factory.mktemp("sharp_draft") / "draft")
     srv = make_server(ModelsConfig(draft=str(draft), target=str(sharp_dir), device="cpu"),
-                      EngineConfig(max_context=1024), ServerConfig(port=0, model_name="sharp-smol"))
+                      EngineConfig(max_context=1024), ServerConfig(port=0, served_model_name="sharp-smol"))
     srv.start_background()
     yield srv
     srv.close()

@@ -46,12 +46,14 @@ def test_greedy_kernel_matches_reference(gamma, vocab):
         assert [int(x) for x in got] == [int(x) for x in want], (seed, got, want)
 
 
-@pytest.mark.parametrize("gamma, vocab", [(1, 5), (3, 64), (7, 3000), (16, 1500)])
-def test_sampling_kernel_matches_reference(gamma, vocab):
+@pytest.mark.parametrize("gamma, vocab, trunc", [(1, 5, (0, 1.0)), (3, 64, (0, 1.0)), (7, 3000, (0, 1.0)),
+                                                 (16, 1500, (0, 1.0)), (3, 64, (8, 0.9)), (7, 3000, (50, 0.8))])
+def test_sampling_kernel_matches_reference(gamma, vocab, trunc):
+    """trunc: q truncated by top_k / top_p (zeros outside its support), as verify_block hands it."""
     for seed in range(8):
         g = torch.Generator().manual_seed(seed)
         p = torch.softmax(torch.randn(gamma, vocab, generator=g) * 2, -1)
-        q = torch.softmax(torch.randn(gamma + 1, vocab, generator=g) * 2, -1)
+        q = ref.truncate_probs(torch.softmax(torch.randn(gamma + 1, vocab, generator=g) * 2, -1), *trunc)
         if seed % 3 == 0:  # near-equal draft and target: long accepts and the q_γ draw
             q[:gamma] = p
         draft = torch.stack([torch.multinomial(p[k], 1, generator=g)[0] for k in range(gamma)])

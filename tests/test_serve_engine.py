@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from splitserve.serve.config import EngineConfig
 from splitserve.serve.engine import ContextLengthError, Engine, SamplingParams, attention_windows
 from splitserve.spec.decode import target_decode
+from splitserve.spec.verify import truncate_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -170,20 +171,22 @@ def test_round_has_no_host_reads(monkeypatch):
             return _orig(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    for temperature in (0.0, 1.0):
+    for temperature, trunc in ((0.0, (0, 1.0)), (1.0, (0, 1.0)), (1.0, (5, 0.8))):
         with _SyncOps() as syncs:
-            engine._spec_round(temperature, engine.windows[-1])
-            engine._ar_step(temperature, engine.windows[-1])
-        assert syncs.seen == [], (temperature, syncs.seen)
+            engine._spec_round(temperature, engine.windows[-1], trunc)
+            engine._ar_step(temperature, engine.windows[-1], trunc)
+        assert syncs.seen == [], (temperature, trunc, syncs.seen)
     assert reads == []
     stats = engine.generate([1, 2, 3], SamplingParams(max_tokens=20))
     # one read of the first token after the prefill, then one `out.tolist()` per round
     assert reads.count("tolist") == len(stats.accepts) and len(reads) == len(stats.accepts) + 1, reads
 
 
-def test_sampling_matches_target_distribution():
-    """T=1: exact marginals of the two tokens after a fixed anchor vs engine samples (V=16), as
-    in test_spec_decode, through the static cache, static context and device-side verification.
+@pytest.mark.parametrize("trunc", [(0, 1.0), (5, 0.8)])
+def test_sampling_matches_target_distribution(trunc):
+    """T=1 (and top_k/top_p truncation): exact marginals of the two tokens after a fixed anchor
+    vs engine samples (V=16), as in test_spec_decode, through the static cache, static context and
+    device-side verification.
     One prefill, then each sample rewinds the state to the anchor and runs rounds until it has
     two tokens: that is what generate() does after its prefill, without paying for the prefill."""
     target = tiny_target(seed=5, vocab=16, layers=3, layer_ids=(0, 1))
@@ -194,9 +197,9 @@ def test_sampling_matches_target_distribution():
     prompt, anchor = [1, 2, 3], 7
     ctx = prompt + [anchor]
     with torch.no_grad():
-        p1 = torch.softmax(target.model(torch.tensor([ctx])).logits[0, -1], -1)  # (V,)
+        p1 = truncate_probs(torch.softmax(target.model(torch.tensor([ctx])).logits[0, -1], -1), *trunc)  # (V,)
         nxt = torch.cat([torch.tensor([ctx]).expand(16, 4), torch.arange(16)[:, None]], 1)
-        p2 = p1 @ torch.softmax(target.model(nxt).logits[:, -1], -1)
+        p2 = p1 @ truncate_probs(torch.softmax(target.model(nxt).logits[:, -1], -1), *trunc)
     engine = Engine(target, draft, EngineConfig(max_context=16, seed=0))
     engine._prefill(prompt, 1.0)
     n = 2000
@@ -206,7 +209,7 @@ def test_sampling_matches_target_distribution():
         engine.anchor.fill_(anchor)
         toks = []
         while len(toks) < 2:
-            engine._spec_round(1.0, engine.windows[-1])
+            engine._spec_round(1.0, engine.windows[-1], trunc)
             out = engine.out.tolist()
             toks += out[1 : out[0] + 2]
         first[toks[0]] += 1
@@ -214,6 +217,7 @@ def test_sampling_matches_target_distribution():
     # 2000 samples: a frequency's std is at most ~0.011; 0.045 is ~4 sigma.
     assert (first / n - p1).abs().max() < 0.045
     assert (second / n - p2).abs().max() < 0.045
+    assert first[p1 == 0].sum() == 0 and second[p2 == 0].sum() == 0  # truncated tokens never come out
 
 
 def test_seeded_sampling_is_reproducible():
@@ -239,7 +243,8 @@ def test_cuda_graph_rounds_equal_eager_rounds():
         ref = target_decode(target, prompt, 48)
         for mode in ("spec", "ar"):
             assert graphed.generate(prompt, SamplingParams(max_tokens=48), mode=mode).tokens == ref, mode
-    assert ("spec", 0.0, graphed.windows[-1]) in graphed.graphs and ("ar", 0.0, graphed.windows[-1]) in graphed.graphs
+    w, off = graphed.windows[-1], (0, 1.0)  # graph keys: (mode, temperature, window, (top_k, top_p))
+    assert ("spec", 0.0, w, off) in graphed.graphs and ("ar", 0.0, w, off) in graphed.graphs
     windowed = Engine(target, draft, EngineConfig(max_context=128, min_window=16))
     for prompt in _prompts(8):
         ref = target_decode(target, prompt, 48)
@@ -248,6 +253,10 @@ def test_cuda_graph_rounds_equal_eager_rounds():
     assert sum(k[0] == "spec" for k in windowed.graphs._graphs) >= 3  # one graph per window in use
     stats = graphed.generate([1, 2, 3], SamplingParams(max_tokens=32, temperature=1.0, seed=1))
     assert len(stats.tokens) == 32 and all(0 <= t < target.info.vocab_size for t in stats.tokens)
+    # top_k / top_p under graphs: the sort and top-k of the truncation capture too
+    truncated = SamplingParams(max_tokens=32, temperature=1.0, seed=1, top_k=5, top_p=0.8)
+    stats = graphed.generate([1, 2, 3], truncated)
+    assert len(stats.tokens) == 32 and ("spec", 1.0, w, (5, 0.8)) in graphed.graphs
 
 
 def test_compiled_round_equals_eager_round():

@@ -55,8 +55,8 @@ def test_greedy_with_schedule_equals_target_greedy(gamma):
     lengths = set()
     real_round = engine._spec_round
 
-    def recording(temperature, window):
-        real_round(temperature, window)
+    def recording(*step_args):
+        real_round(*step_args)
         lengths.add(int(engine.verify_len))
 
     engine._spec_round = recording
@@ -72,13 +72,14 @@ def test_scheduled_round_has_no_sync_ops():
     draft = tiny_draft(target, block_size=4, markov_rank=8)
     engine = Engine(target, draft, EngineConfig(max_context=64, verify_schedule="confidence"))
     engine.generate([1, 2, 3], SamplingParams(max_tokens=4))
-    for temperature in (0.0, 1.0):
+    for temperature, trunc in ((0.0, (0, 1.0)), (1.0, (0, 1.0)), (1.0, (5, 0.8))):
         with base._SyncOps() as syncs:
-            engine._spec_round(temperature, engine.windows[-1])
-        assert syncs.seen == [], (temperature, syncs.seen)
+            engine._spec_round(temperature, engine.windows[-1], trunc)
+        assert syncs.seen == [], (temperature, trunc, syncs.seen)
 
 
-def test_sampling_with_schedule_matches_target_distribution(monkeypatch):
+@pytest.mark.parametrize("trunc", [(0, 1.0), (5, 0.8)])
+def test_sampling_with_schedule_matches_target_distribution(monkeypatch, trunc):
     """T=1 with the schedule on: test_serve_engine's exact-marginals test, with engines built
     with verify_schedule=confidence and a cost that makes L depend on the drafted tokens."""
     real_init = Engine.__init__
@@ -92,15 +93,15 @@ def test_sampling_with_schedule_matches_target_distribution(monkeypatch):
         seen.append(self)
         real_round = self._spec_round
 
-        def recording(temperature, window):
-            real_round(temperature, window)
+        def recording(*step_args):
+            real_round(*step_args)
             self.lengths.append(int(self.verify_len))
 
         self.lengths = []
         self._spec_round = recording
 
     monkeypatch.setattr(Engine, "__init__", scheduled)
-    base.test_sampling_matches_target_distribution()
+    base.test_sampling_matches_target_distribution(trunc)
     (engine,) = seen
     counts = torch.bincount(torch.tensor(engine.lengths), minlength=4)
     assert (counts > 0).sum() >= 2 and counts[3] < len(engine.lengths), counts  # L varies, truncation happens

@@ -1,7 +1,8 @@
 """The OpenAI-compatible server, live on a free port, driven by the official `openai` client:
 streamed and non-streamed chat and completions equal the target's own greedy output, bad
 requests get 4xx and the server keeps serving, a client leaving mid-stream frees the engine,
-and a draft made for another target is refused at start."""
+and a draft made for another target is refused at start. HTTP edges (raw sockets, API key,
+refused fields, metrics) are in test_server_http.py."""
 
 import http.client
 import json
@@ -39,7 +40,7 @@ def draft_dir(tiny_smol_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tiny_smol_dir, draft_dir):
     srv = make_server(ModelsConfig(draft=str(draft_dir), target=str(tiny_smol_dir), device="cpu"),
-                      EngineConfig(max_context=MAX_CONTEXT), ServerConfig(port=0, model_name="tiny-dspark"))
+                      EngineConfig(max_context=MAX_CONTEXT), ServerConfig(port=0, served_model_name="tiny-dspark"))
     srv.start_background()
     yield srv
     srv.close()
@@ -80,9 +81,10 @@ def test_models_health_metrics(server, client):
     assert json.loads(conn.getresponse().read())["data"][0]["max_model_len"] == MAX_CONTEXT
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
-    for name in ("requests_total", "generation_tokens_total", "mean_accept_length",
-                 "time_per_output_token_seconds_sum", "time_to_first_token_seconds_count"):
-        assert f"splitserve_{name}" in text
+    for name in ("splitserve_requests_total", "splitserve_generation_tokens_total", "splitserve_mean_accept_length",
+                 "vllm:time_per_output_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
+                 "vllm:num_requests_running", "vllm:spec_decode_num_drafts_total"):
+        assert name in text, name
 
 
 def test_chat_stream_and_full_equal_target_greedy(server, client, reference):
@@ -120,6 +122,22 @@ def test_completions_stream_and_full(client, reference):
     assert res.usage.completion_tokens == 30 and res.choices[0].finish_reason == "length"
 
 
+def test_top_k_top_p_requests(client, reference):
+    """Greedy stays the target's greedy output whatever top_k / top_p say; sampled requests
+    with them run, and a seed makes them repeat. (Their distribution is tested in
+    test_verify.py and test_serve_engine.py with hand-set logits.)"""
+    target, greedy = reference
+    prompt = "The quick brown fox"
+    _, text, _ = greedy(list(target.tokenizer(prompt)["input_ids"]), 16)
+    res = client.completions.create(model="tiny-dspark", prompt=prompt, max_tokens=16, temperature=0, top_p=0.3,
+                                    extra_body={"top_k": 3})
+    assert res.choices[0].text == text
+    sampled = [client.completions.create(model="tiny-dspark", prompt=prompt, max_tokens=12, temperature=1.0,
+                                         top_p=0.9, seed=11, extra_body={"top_k": 20, "ignore_eos": True})
+               for _ in range(2)]
+    assert sampled[0].usage.completion_tokens == 12 and sampled[0].choices[0].text == sampled[1].choices[0].text
+
+
 def test_stop_string_ends_the_reply(client, reference):
     _, greedy = reference
     target, _ = reference
@@ -138,29 +156,31 @@ def _still_serves(client):
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, error, match",
     [
-        ({"max_tokens": -1}, "max_tokens"),
-        ({"temperature": 3.0}, "temperature"),
-        ({"n": 2}, "n=1"),
-        ({"top_p": 0.5}, "top_p"),
-        ({"prompt": list(range(5, 5 + MAX_CONTEXT))}, str(MAX_CONTEXT)),
-        ({"prompt": [1, 2, 3], "max_tokens": MAX_CONTEXT}, "exceeds"),
-        ({"prompt": None}, "prompt"),
+        ({"max_tokens": -1}, openai.UnprocessableEntityError, "max_tokens"),
+        ({"temperature": 3.0}, openai.UnprocessableEntityError, "temperature"),
+        ({"top_p": 0.0}, openai.UnprocessableEntityError, "top_p"),
+        ({"n": 2}, openai.BadRequestError, "'n'.*batch 1"),
+        ({"extra_body": {"logit_bias": {"5": -100}}}, openai.BadRequestError, "logit_bias"),
+        ({"prompt": list(range(5, 5 + MAX_CONTEXT))}, openai.BadRequestError, str(MAX_CONTEXT)),
+        ({"prompt": [1, 2, 3], "max_tokens": MAX_CONTEXT}, openai.BadRequestError, "exceeds"),
+        ({"prompt": None}, openai.UnprocessableEntityError, "prompt"),
     ],
 )
-def test_bad_completion_requests_are_400(client, kwargs, match):
+def test_bad_completion_requests_are_4xx(client, kwargs, error, match):
+    """Schema errors are 422 (FastAPI's), the policy's refusals and context limits 400."""
     args = {"model": "tiny-dspark", "prompt": "hello", "max_tokens": 4}
     args.update(kwargs)
-    with pytest.raises(openai.BadRequestError, match=match):
+    with pytest.raises(error, match=match):
         client.completions.create(**args)
     _still_serves(client)
 
 
 def test_bad_chat_requests(client):
-    with pytest.raises(openai.BadRequestError, match="messages"):
+    with pytest.raises(openai.UnprocessableEntityError, match="messages"):
         client.chat.completions.create(model="tiny-dspark", messages=[], max_tokens=4)
-    with pytest.raises(openai.BadRequestError, match="role"):
+    with pytest.raises(openai.UnprocessableEntityError, match="role"):
         client.chat.completions.create(model="tiny-dspark", messages=[{"role": "wizard", "content": "x"}])
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="gpt-9", messages=MESSAGES, max_tokens=4)
@@ -176,9 +196,9 @@ def _raw(server, method, path, body: bytes | None = None, headers=None):
 
 def test_raw_protocol_errors(server, client):
     status, body = _raw(server, "POST", "/v1/completions", b"{not json", {"Content-Type": "application/json"})
-    assert status == 400 and "JSON" in json.loads(body)["error"]["message"]
-    status, _ = _raw(server, "POST", "/v1/completions", b"[1, 2]")
-    assert status == 400
+    assert status == 422 and "JSON" in json.loads(body)["error"]["message"]
+    status, _ = _raw(server, "POST", "/v1/completions", b"[1, 2]", {"Content-Type": "application/json"})
+    assert status == 422
     status, _ = _raw(server, "GET", "/v1/nothing")
     assert status == 404
     assert _metric(server, 'requests_total{outcome="rejected"}') >= 3

@@ -114,3 +114,47 @@ def test_truncated_checkpoint_is_a_clear_error(tiny_smol_dir, tiny_smol_target, 
     f.write_bytes(f.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="draft.safetensors"):
         load_draft(tmp_path / "run", tiny_smol_target)
+
+
+def test_truncated_newest_checkpoint_resumes_from_the_previous_one(tiny_smol_dir, tiny_smol_target, tmp_path,
+                                                                   capsys):
+    """Steps 3 and 6 saved, then step 6's weights truncated: a rerun says so in one line, sets it
+    aside, resumes from step 3 and ends with the same weights as a run that was never damaged."""
+    clean = loop.train(_cfg(tiny_smol_dir, tmp_path / "clean"), tiny_smol_target)
+    run = tmp_path / "run"
+    loop.train(_cfg(tiny_smol_dir, run), tiny_smol_target)
+    assert sorted(checkpoint_dirs(run)) == [3, 6]
+    f = checkpoint_dirs(run)[6] / "draft.safetensors"
+    f.write_bytes(f.read_bytes()[:100])
+    capsys.readouterr()
+    again = loop.train(_cfg(tiny_smol_dir, run), tiny_smol_target)
+    out = capsys.readouterr().out
+    notice = [line for line in out.splitlines() if "unreadable" in line]
+    assert len(notice) == 1 and "step_0000006" in notice[0] and "step_0000003" in notice[0]
+    assert "resumed from" in out and "step 3" in out
+    assert (run / "checkpoints" / "step_0000006.corrupt").is_dir()
+    assert latest_checkpoint(run).name == "step_0000006"  # trained again from step 3 and saved
+    # bit-equal: the resumed run replays steps 4..6 from step 3's state with the same ops
+    for k, v in _weights(again.draft).items():
+        torch.testing.assert_close(v, _weights(clean.draft)[k], rtol=0, atol=0)
+
+
+def test_latest_never_names_a_missing_checkpoint(tiny_smol_dir, tiny_smol_target, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    loop.train(_cfg(tiny_smol_dir, run), tiny_smol_target)
+    shutil.rmtree(checkpoint_dirs(run)[6])  # the broken newest one deleted by hand
+    assert latest_checkpoint(run).name == "step_0000003"
+    assert (run / "checkpoints" / "latest").read_text() == "step_0000003"
+    shutil.rmtree(checkpoint_dirs(run)[3])
+    assert latest_checkpoint(run) is None and not (run / "checkpoints" / "latest").exists()
+
+
+def test_no_readable_checkpoint_is_an_error_not_a_fresh_start(tiny_smol_dir, tiny_smol_target, tmp_path):
+    run = tmp_path / "run"
+    loop.train(_cfg(tiny_smol_dir, run), tiny_smol_target)
+    for d in checkpoint_dirs(run).values():
+        (d / "draft.safetensors").write_bytes(b"\0" * 10)
+    with pytest.raises(CheckpointError, match="no checkpoint .* is readable"):
+        loop.train(_cfg(tiny_smol_dir, run), tiny_smol_target)

@@ -54,13 +54,18 @@ class EngineConfig:
 
 @dataclass
 class ServerConfig:
-    """The OpenAI-compatible HTTP front end."""
+    """The OpenAI-compatible HTTP front end (flag names as vLLM's where vLLM has one)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
-    model_name: str | None = None  # the id in /v1/models; None: the draft directory's name
+    served_model_name: str | None = None  # the id in /v1/models; None: the target's name
+    api_key: str | None = None  # when set, /v1/* needs "Authorization: Bearer <key>" (401 otherwise)
+    chat_template: str | None = None  # a Jinja file replacing the tokenizer's chat template
     max_queue: int = 64  # waiting requests beyond this get 503
-    max_body_bytes: int = 4 << 20
+    max_body_bytes: int = 4 << 20  # larger bodies get 413
+    request_timeout_s: float = 30.0  # a body not complete by then gets 408 (a client that stalls)
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    ignore_fields: tuple[str, ...] = ()  # request fields to drop instead of refusing them with 400
 
 
 @dataclass

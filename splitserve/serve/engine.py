@@ -71,6 +71,8 @@ class SamplingParams:
     temperature: float = 0.0
     seed: int | None = None
     eos_ids: frozenset[int] = frozenset()  # empty: ignore EOS (fixed output length)
+    top_k: int = 0  # T>0: sample from the k most likely tokens (0: all); spec/verify.py truncate_probs
+    top_p: float = 1.0  # T>0: then from the smallest set holding this much mass (1: all)
 
 
 @dataclass
@@ -164,7 +166,7 @@ class Engine:
 
     # ---- fixed-shape steps (graph-capturable: no host sync, device buffers only) -------------
 
-    def _spec_round(self, temperature: float, window: int) -> None:
+    def _spec_round(self, temperature: float, window: int, trunc: tuple[int, float] = (0, 1.0)) -> None:
         p = self.seq_len  # (); p + γ < window
         d_tok, d_prob, conf = self.draft.draft(
             self.ctx.window(window), self.anchor, p, temperature, self.generator,
@@ -173,10 +175,12 @@ class Engine:
         pos = p + self._offsets  # (γ+1,)
         verify_in = torch.cat([self.anchor.view(1), d_tok])  # (γ+1,): x_p, d_1..d_γ
         logits, cap = self.target.forward_static(verify_in[None], self.cache, pos, window=window)  # (1, γ+1, V)
-        n, bonus = verify_block(d_tok, d_prob, logits[0], temperature, self.generator, **self._verify_fns)
+        top_k, top_p = trunc  # the draft proposes untruncated; verify_block's maths keeps it lossless
+        n, bonus = verify_block(d_tok, d_prob, logits[0], temperature, self.generator, **self._verify_fns,
+                                top_k=top_k, top_p=top_p)
         if self.scheduled:
             limit = choose_prefix(prefix_survival(conf, self._conf_temps), self._cost)  # (): L in 0..γ
-            n, bonus = truncate_verify(n, bonus, limit, logits[0], temperature, self.generator)
+            n, bonus = truncate_verify(n, bonus, limit, logits[0], temperature, self.generator, top_k, top_p)
             self.verify_len.copy_(limit)
         self.ctx.write(cap.aux, pos)
         if self.conf_out is not None:
@@ -187,24 +191,25 @@ class Engine:
         self.seq_len.add_(n + 1)
         self.anchor.copy_(bonus)
 
-    def _ar_step(self, temperature: float, window: int) -> None:
+    def _ar_step(self, temperature: float, window: int, trunc: tuple[int, float] = (0, 1.0)) -> None:
         p = self.seq_len  # (); p < window
         logits, _ = self.target.forward_static(self.anchor.view(1, 1), self.cache, p.view(1), window=window)
-        tok = pick_token(logits[0, -1], temperature, self.generator)
+        tok = pick_token(logits[0, -1], temperature, self.generator, *trunc)
         self.out[0].zero_()  # in-place on the device: a Python scalar would be a host copy
         self.out[1].copy_(tok)
         self.seq_len.add_(1)
         self.anchor.copy_(tok)
 
-    def _step(self, mode: str, temperature: float, window: int):
-        return partial(self._spec_round if mode == "spec" else self._ar_step, temperature, window)
+    def _step(self, mode: str, temperature: float, window: int, trunc: tuple[int, float] = (0, 1.0)):
+        return partial(self._spec_round if mode == "spec" else self._ar_step, temperature, window, trunc)
 
     def _window_for(self, mode: str, seq_len: int) -> int:
         """The smallest window holding every slot a step at committed length seq_len writes."""
         last = seq_len + (self.gamma if mode == "spec" else 0)
         return next(w for w in self.windows if w > last)
 
-    def _prepare(self, mode: str, temperature: float, first: int, last: int) -> None:
+    def _prepare(self, mode: str, temperature: float, first: int, last: int,
+                 trunc: tuple[int, float] = (0, 1.0)) -> None:
         """Capture the graphs of the windows used by steps starting at committed lengths
         first..last (windows too small for any step are never used, so never captured). Warm-up
         runs clobber the engine state, so this happens before a prefill."""
@@ -212,7 +217,7 @@ class Engine:
         for w in self.windows:
             if lo <= w <= hi:
                 self._reset()
-                self.graphs.prepare((mode, temperature, w), self._step(mode, temperature, w))
+                self.graphs.prepare((mode, temperature, w, trunc), self._step(mode, temperature, w, trunc))
         self._reset()
 
     # ---- one request --------------------------------------------------------------------
@@ -239,13 +244,13 @@ class Engine:
         self.seq_len.zero_()
         self.anchor.zero_()
 
-    def _prefill(self, prompt_ids: list[int], temperature: float) -> None:
+    def _prefill(self, prompt_ids: list[int], temperature: float, trunc: tuple[int, float] = (0, 1.0)) -> None:
         ids = torch.tensor([prompt_ids], device=self.device)  # (1, P)
         pos = torch.arange(len(prompt_ids), device=self.device)  # (P,)
         logits, cap = self.target.forward_static(ids, self.cache, pos, logits_from=len(prompt_ids) - 1)
         if self.ctx is not None:
             self.ctx.write(cap.aux, pos)
-        self.anchor.copy_(pick_token(logits[0, -1], temperature, self.generator))
+        self.anchor.copy_(pick_token(logits[0, -1], temperature, self.generator, *trunc))
         self.seq_len.fill_(len(prompt_ids))
 
     @torch.no_grad()
@@ -261,11 +266,12 @@ class Engine:
         start = time.perf_counter()
         stats = GenStats(prompt_tokens=len(prompt_ids))
         temperature = float(params.temperature)
+        trunc = (params.top_k, float(params.top_p)) if temperature > 0 else (0, 1.0)  # greedy ignores them
         # Steps start at committed lengths P .. P+max_tokens-2 (the prefill emits the first token).
-        self._prepare(mode, temperature, len(prompt_ids), len(prompt_ids) + params.max_tokens - 1)
+        self._prepare(mode, temperature, len(prompt_ids), len(prompt_ids) + params.max_tokens - 1, trunc)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
-        self._prefill(prompt_ids, temperature)
+        self._prefill(prompt_ids, temperature, trunc)
         chunk = [int(self.anchor)]  # host read: the first token
         stats.ttft_s = time.perf_counter() - start
         seq_len = len(prompt_ids)  # the host's copy of p, kept by the per-round read
@@ -273,7 +279,7 @@ class Engine:
             if self._commit(stats, chunk, params, on_tokens, start):
                 break
             w = self._window_for(mode, seq_len)
-            self.graphs.run((mode, temperature, w), self._step(mode, temperature, w))
+            self.graphs.run((mode, temperature, w, trunc), self._step(mode, temperature, w, trunc))
             vals = self.out.tolist()  # the one host read per round
             n = vals[0]
             seq_len += n + 1

@@ -1,19 +1,21 @@
-"""The OpenAI request/response shapes we serve: parsing with validation, and JSON builders.
+"""The OpenAI request/response shapes we serve: pydantic request models, the refuse-don't-ignore
+policy, prompt encoding, and JSON builders.
 
-Every invalid request becomes an `ApiError` (status, message, param) that the server renders as
-OpenAI's `{"error": {...}}`. Parameters that would change the output distribution in ways the
-lossless speculative sampler does not implement (top_p, penalties, logprobs, n > 1) are refused
-rather than silently ignored.
+Schema errors (a wrong type, a value out of range, a missing field) are pydantic's and come back
+as 422. A field the schema does not know is a 400 naming it: either one we know and refuse
+(`REFUSED`: it would change the output in a way the lossless speculative sampler does not
+implement, so answering without it would be a silent lie) unless it carries its neutral value,
+or one nobody defined (a typo). `ServerConfig.ignore_fields` names fields to drop instead.
+Everything renders as OpenAI's `{"error": {...}}`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from splitserve.data.chat import ChatTemplate, DataError, has_chat_template
 from splitserve.data.prompts import encode_prompt
@@ -27,148 +29,157 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
 
 
-@dataclass
-class Request:
-    chat: bool
-    prompt_ids: list[int]
-    max_tokens: int | None  # None: up to the context limit
-    temperature: float
-    seed: int | None
-    stream: bool
-    include_usage: bool
-    stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
+# field -> (values that leave the output unchanged, why any other value is refused)
+REFUSED: dict[str, tuple[tuple, str]] = {
+    "n": ((1, None), "one sequence per request (the engine decodes batch 1)"),
+    "best_of": ((1, None), "one sequence per request (the engine decodes batch 1)"),
+    "use_beam_search": ((False, None), "no beam search"),
+    "presence_penalty": ((0, None), "penalties change the target distribution the verifier keeps"),
+    "frequency_penalty": ((0, None), "penalties change the target distribution the verifier keeps"),
+    "repetition_penalty": ((1, None), "penalties change the target distribution the verifier keeps"),
+    "logit_bias": (({}, None), "biases change the target distribution the verifier keeps"),
+    "min_p": ((0, None), "only top_k and top_p truncation is implemented"),
+    "min_tokens": ((0, None), "EOS is never suppressed"),
+    "bad_words": (([], None), "banned tokens change the target distribution"),
+    "stop_token_ids": (([], None), "use stop strings"),
+    "logprobs": ((False, None), "log-probabilities are not returned"),
+    "top_logprobs": ((0, None), "log-probabilities are not returned"),
+    "prompt_logprobs": ((0, None), "log-probabilities are not returned"),
+    "echo": ((False, None), "the prompt is not echoed"),
+    "suffix": (("", None), "no insertion (suffix) completions"),
+    "response_format": (({"type": "text"}, None), "no constrained (JSON / schema) decoding"),
+    "guided_json": ((None,), "no constrained decoding"),
+    "guided_regex": ((None,), "no constrained decoding"),
+    "guided_choice": ((None,), "no constrained decoding"),
+    "guided_grammar": ((None,), "no constrained decoding"),
+    "structured_outputs": ((None,), "no constrained decoding"),
+    "tools": (([], None), "no tool calling"),
+    "tool_choice": (("none", None), "no tool calling"),
+    "parallel_tool_calls": ((False, None), "no tool calling"),
+    "functions": (([], None), "no tool calling"),
+    "function_call": (("none", None), "no tool calling"),
+}
+# Accepted and without effect on the output: metadata the client may always send.
+HARMLESS = ("user", "metadata", "store", "service_tier")
 
 
-def _bad(msg: str, param: str | None = None) -> ApiError:
-    return ApiError(400, msg, param)
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+    continuous_usage_stats: Literal[False] = False
 
 
-def _number(body: dict, key: str, default: float, lo: float, hi: float) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise _bad(f"'{key}' must be a number, got {v!r}", key)
-    if not lo <= v <= hi:
-        raise _bad(f"'{key}' must be between {lo:g} and {hi:g}, got {v}", key)
-    return float(v)
+class _Sampling(BaseModel):
+    """Fields both routes share. extra="allow": unknown fields are collected and refused by
+    `check_extra` (a 400 naming them), not by pydantic (whose 422 would not say why)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)  # vLLM's convention: 0 or -1 disables
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = Field(None)
+    ignore_eos: bool = False  # vLLM's extension
+
+    def stop_strings(self) -> list[str]:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stop) > 4:
+            raise ApiError(400, "'stop' takes at most 4 strings", "stop")
+        return [s for s in stop if s]
+
+    def effective_max_tokens(self) -> int | None:
+        return self.max_tokens
 
 
-def _int(body: dict, key: str, lo: int | None = None) -> int | None:
-    v = body.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise _bad(f"'{key}' must be an integer, got {v!r}", key)
-    if lo is not None and v < lo:
-        raise _bad(f"'{key}' must be >= {lo}, got {v}", key)
-    return v
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
 
 
-def _refuse_unsupported(body: dict) -> None:
-    if body.get("n", 1) != 1:
-        raise _bad("only n=1 is supported (the engine decodes one sequence at a time)", "n")
-    if body.get("top_p", 1) != 1:
-        raise _bad("top_p is not supported: lossless speculative sampling draws from the full distribution; "
-                   "use temperature", "top_p")
-    for key in ("presence_penalty", "frequency_penalty"):
-        if body.get(key, 0) not in (0, 0.0, None):
-            raise _bad(f"'{key}' is not supported", key)
-    for key in ("logprobs", "top_logprobs", "echo", "tools", "functions"):
-        if body.get(key):
-            raise _bad(f"'{key}' is not supported", key)
-    if body.get("best_of") not in (None, 1):
-        raise _bad("'best_of' is not supported", "best_of")
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal[ROLES]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def plain(self) -> dict:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
-def _message_text(msg: Any, i: int) -> dict:
-    where = f"messages[{i}]"
-    if not isinstance(msg, dict):
-        raise _bad(f"{where} must be an object with 'role' and 'content'", "messages")
-    role, content = msg.get("role"), msg.get("content")
-    if role not in ROLES:
-        raise _bad(f"{where}.role must be one of {list(ROLES)}, got {role!r}", "messages")
-    if isinstance(content, list):  # content parts: text only
-        texts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
-                raise _bad(f"{where}.content: only text parts are supported", "messages")
-            texts.append(part["text"])
-        content = "".join(texts)
-    if not isinstance(content, str):
-        raise _bad(f"{where}.content must be a string", "messages")
-    return {"role": "system" if role == "developer" else role, "content": content}
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    chat_template_kwargs: dict[str, Any] | None = None  # passed to the tokenizer's apply_chat_template
+
+    def effective_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-def _encode_chat(body: dict, tokenizer) -> list[int]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("'messages' is required: a non-empty list of {role, content}", "messages")
-    if not has_chat_template(tokenizer):
-        raise ApiError(400, "this model has no chat template; use /v1/completions", "messages")
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise _bad("'chat_template_kwargs' must be an object, e.g. {\"enable_thinking\": false}",
-                   "chat_template_kwargs")
-    chat = [_message_text(m, i) for i, m in enumerate(messages)]
-    try:  # as vLLM and SGLang: the kwargs reach the template, e.g. Qwen3's enable_thinking
-        return encode_prompt(tokenizer, chat, ChatTemplate(kwargs=kwargs))
-    except DataError as exc:
-        raise _bad(f"the chat template failed on these messages: {exc}", "messages") from None
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] | list[list[int]]
 
 
-def _encode_completion(body: dict, tokenizer) -> list[int]:
-    prompt = body.get("prompt")
+def check_extra(req: _Sampling, ignore: frozenset[str] = frozenset()) -> None:
+    """400 naming every field the schema does not take: refused ones with the reason, unknown ones
+    as such. A refused field at its neutral value, a harmless one, or one in `ignore` passes."""
+    refused, unknown = [], []
+    for key, value in (req.model_extra or {}).items():
+        if key in ignore or key in HARMLESS:
+            continue
+        if key in REFUSED:
+            neutral, why = REFUSED[key]
+            if value not in neutral:
+                refused.append(f"'{key}' ({why})")
+        else:
+            unknown.append(f"'{key}'")
+    parts = []
+    if refused:
+        parts.append("unsupported field" + ("s " if len(refused) > 1 else " ") + ", ".join(refused))
+    if unknown:
+        parts.append("unknown field" + ("s " if len(unknown) > 1 else " ") + ", ".join(unknown))
+    if parts:
+        first = (refused or unknown)[0].split("'")[1]
+        raise ApiError(400, "; ".join(parts) + " (docs/serving.md lists the fields this server takes)", first)
+
+
+def encode_chat(req: ChatCompletionRequest, tokenizer, chat_template: str | None = None) -> list[int]:
+    """Token ids of the conversation followed by the assistant header, rendered exactly as
+    training and evaluation render it. `chat_template` (the --chat-template file's text) replaces
+    the tokenizer's own; chat_template_kwargs reach the template (e.g. Qwen3's enable_thinking)."""
+    messages = [m.plain() for m in req.messages]
+    chat = ChatTemplate(chat_template, dict(req.chat_template_kwargs or {}))
+    if not has_chat_template(tokenizer, chat):
+        raise ApiError(400, "this model has no chat template (start the server with --chat-template, or use "
+                       "/v1/completions)", "messages")
+    try:
+        return encode_prompt(tokenizer, messages, chat)
+    except DataError as exc:  # a template error (raise_exception, an undefined variable) is the request's
+        raise ApiError(400, f"{exc}", "messages") from None
+
+
+def encode_completion(req: CompletionRequest, tokenizer) -> list[int]:
+    prompt = req.prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         return list(tokenizer(prompt)["input_ids"])
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if prompt and all(isinstance(t, int) for t in prompt):
         vocab = len(tokenizer)
         if not all(0 <= t < vocab for t in prompt):
-            raise _bad(f"prompt token ids must be in [0, {vocab})", "prompt")
+            raise ApiError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
         return list(prompt)
-    if prompt is None:
-        raise _bad("'prompt' is required: a string or a list of token ids", "prompt")
-    raise _bad("'prompt' must be a string or a list of token ids (batches of several prompts are not supported)",
-               "prompt")
-
-
-def parse_request(raw: bytes, chat: bool, tokenizer, model_name: str) -> Request:
-    try:
-        body = json.loads(raw or b"")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _bad(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and model != model_name:
-        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'", "model",
-                       "not_found_error")
-    _refuse_unsupported(body)
-    key = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _int(body, key, lo=1)
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    seed = _int(body, "seed")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise _bad("'stream' must be a boolean", "stream")
-    opts = body.get("stream_options") or {}
-    if not isinstance(opts, dict):
-        raise _bad("'stream_options' must be an object", "stream_options")
-    stop = body.get("stop")
-    stop = [stop] if isinstance(stop, str) else (stop or [])
-    if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop) and len(stop) <= 4):
-        raise _bad("'stop' must be a string or a list of at most 4 strings", "stop")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise _bad("'ignore_eos' must be a boolean", "ignore_eos")
-    ids = _encode_chat(body, tokenizer) if chat else _encode_completion(body, tokenizer)
-    return Request(chat, ids, max_tokens, temperature, seed, stream, bool(opts.get("include_usage")), stop, ignore_eos)
+    if not prompt:
+        raise ApiError(400, "'prompt' is empty", "prompt")
+    raise ApiError(400, "batches of several prompts are not supported (send one request per prompt)", "prompt")
 
 
 # ---- responses ---------------------------------------------------------------------------

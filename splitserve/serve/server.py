@@ -1,198 +1,242 @@
-"""`splitserve serve`: an OpenAI-compatible HTTP server over the batch-1 engine (stdlib only).
+"""`splitserve serve`: an OpenAI-compatible HTTP server (FastAPI on uvicorn) over the batch-1 engine.
 
-    POST /v1/completions, /v1/chat/completions   JSON or SSE streaming (stream=true)
-    GET  /v1/models, /health, /metrics            Prometheus text on /metrics
+    POST /v1/completions, /v1/chat/completions   JSON, or SSE streaming (stream=true)
+    GET  /v1/models, /health, /metrics            Prometheus text on /metrics (metrics.py)
 
-ThreadingHTTPServer gives each connection a thread; those threads only parse, tokenize, queue
-and write. The engine lives on one worker thread (worker.py). A client that disconnects
-mid-stream is noticed on the next write and its job is cancelled, which frees the engine at the
-next round boundary.
+Routes run on uvicorn's event loop: they validate (pydantic models in protocol.py), tokenize,
+queue and write. The engine lives on one worker thread (worker.py, FIFO, batch 1); it wakes the
+waiting route through the loop, so a queued request holds no thread. `edge.py` sits in front:
+API key, body size and read timeout, error counting. A streaming client that leaves is seen by
+Starlette's disconnect listener, a non-streaming one by polling; either way the job is
+cancelled and the engine is free at the next round boundary.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import queue
-import select
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from splitserve.serve.config import ServerConfig
 from splitserve.serve.detok import TextStream
+from splitserve.serve.edge import ARRIVAL, Edge
 from splitserve.serve.engine import ContextLengthError, Engine, SamplingParams
-from splitserve.serve.metrics import Metrics
-from splitserve.serve.protocol import ApiError, Reply, Request, parse_request
+from splitserve.serve.metrics import CONTENT_TYPE, Metrics
+from splitserve.serve.protocol import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Reply,
+    check_extra,
+    encode_chat,
+    encode_completion,
+)
 from splitserve.serve.worker import EngineWorker, Job, QueueFullError
 
 log = logging.getLogger("splitserve.serve")
-DISCONNECTS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
-CLIENT_CHECK_S = 0.25  # how often a waiting handler looks for a client that left
+CLIENT_CHECK_S = 0.25  # how often a waiting non-streaming route looks for a client that left
+KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+         405: "invalid_request_error", 422: "invalid_request_error"}
 
 
-class SplitServer(ThreadingHTTPServer):
-    daemon_threads = True
+class ClientGone(Exception):
+    pass
 
-    def __init__(self, engine: Engine, tokenizer, eos_ids: frozenset[int], cfg: ServerConfig, model_name: str):
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Listen on host:port now, before any weights load, so a port in use is a one-line error."""
+    from splitserve.errors import UserError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT port, not a live one
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"--port {port}: cannot listen on {host}:{port}: {exc.strerror or exc} "
+                        "(another server there? pick another --port)") from None
+    sock.listen(2048)
+    return sock
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts, first = [], None
+    for err in exc.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        where = ".".join(loc) or "body"
+        first = first or (loc[0] if loc else None)
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts[:8]), first
+
+
+class SplitServer:
+    def __init__(self, engine: Engine, tokenizer, eos_ids: frozenset[int], cfg: ServerConfig, model_name: str,
+                 sock: socket.socket | None = None, chat_template: str | None = None):
         self.engine, self.tokenizer, self.eos_ids, self.cfg = engine, tokenizer, eos_ids, cfg
-        self.model_name = model_name
-        # Fast tokenizers refuse concurrent use from threads ("Already borrowed"); encode and
-        # decode are short, so one lock for both.
-        self.tokenizer_lock = threading.Lock()
-        self.metrics = Metrics()
+        self.model_name, self.chat_template = model_name, chat_template
+        self.ignore = frozenset(cfg.ignore_fields)
+        self.metrics = Metrics(model_name, engine.gamma)
         self.worker = EngineWorker(engine, self.metrics, cfg.max_queue)
-        super().__init__((cfg.host, cfg.port), Handler)
+        self.sock = sock or bind_socket(cfg.host, cfg.port)
+        self.server_address = self.sock.getsockname()[:2]
+        self.app = self._build_app()
+        asgi = Edge(self.app, self.metrics, cfg.api_key, cfg.max_body_bytes, cfg.request_timeout_s)
+        self._uv = uvicorn.Server(uvicorn.Config(asgi, timeout_keep_alive=cfg.keep_alive_s, log_level="warning",
+                                                 access_log=False, lifespan="off"))
+        self._thread: threading.Thread | None = None
         self.worker.start()
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        host, port = self.server_address
         return f"http://{host}:{port}"
 
+    def serve_forever(self) -> None:
+        self._uv.run(sockets=[self.sock])
+
     def start_background(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="splitserve-http", daemon=True)
-        thread.start()
-        return thread
+        self._thread = threading.Thread(target=self.serve_forever, name="splitserve-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 60  # a bound for a broken start, not a timing claim
+        while not self._uv.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.01)
+        return self._thread
 
     def close(self) -> None:
-        self.shutdown()
-        self.server_close()
+        self._uv.should_exit = True
+        if self._thread is not None:
+            self._thread.join(30)
+        self.sock.close()
         self.worker.stop()
 
+    # ---- the app ------------------------------------------------------------------------
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: SplitServer
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="splitserve", docs_url=None, redoc_url=None, openapi_url=None)
 
-    def log_message(self, fmt, *args):  # route access logs through logging, not stderr
-        log.debug("%s - %s", self.address_string(), fmt % args)
+        @app.exception_handler(ApiError)
+        async def api_error(request: Request, exc: ApiError):
+            return JSONResponse(exc.body(), status_code=exc.status)
 
-    # ---- plumbing -----------------------------------------------------------------------
+        @app.exception_handler(HTTPException)
+        async def http_error(request: Request, exc: HTTPException):  # 404 and 405 from the router
+            detail = exc.detail if exc.status_code != 404 else f"no route {request.method} {request.url.path}"
+            err = ApiError(exc.status_code, str(detail), kind=KINDS.get(exc.status_code, "invalid_request_error"))
+            return JSONResponse(err.body(), status_code=exc.status_code, headers=exc.headers)
 
-    def _send_json(self, status: int, obj: dict) -> None:
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        @app.exception_handler(RequestValidationError)
+        async def invalid(request: Request, exc: RequestValidationError):
+            message, param = _validation_message(exc)
+            return JSONResponse(ApiError(422, message, param).body(), status_code=422)
 
-    def _send_text(self, status: int, text: str, content_type: str) -> None:
-        data = text.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        @app.exception_handler(Exception)
+        async def bug(request: Request, exc: Exception):  # a bug must not take the server down
+            log.exception("request handling failed")
+            err = ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error")
+            return JSONResponse(err.body(), status_code=500)
 
-    def _send_error(self, err: ApiError) -> None:
-        if err.status < 500:
-            self.server.metrics.count("rejected")
-        self._send_json(err.status, err.body())
+        @app.get("/health")
+        async def health():
+            return {"status": "ok"}
 
-    def _read_body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None:
-            raise ApiError(411, "a Content-Length header is required")
+        @app.get("/metrics")
+        async def metrics():
+            return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+        @app.get("/v1/models")
+        async def models():
+            model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "splitserve",
+                     "max_model_len": self.engine.max_context}
+            return {"object": "list", "data": [model]}
+
+        @app.post("/v1/completions")
+        async def completions(body: CompletionRequest, request: Request):
+            return await self._generate(body, request, chat=False)
+
+        @app.post("/v1/chat/completions")
+        async def chat_completions(body: ChatCompletionRequest, request: Request):
+            return await self._generate(body, request, chat=True)
+
+        return app
+
+    # ---- one request --------------------------------------------------------------------
+
+    async def _generate(self, req, request: Request, chat: bool):
+        check_extra(req, self.ignore)
+        if req.model is not None and req.model != self.model_name:
+            raise ApiError(404, f"the model '{req.model}' does not exist; this server serves '{self.model_name}'",
+                           "model", "not_found_error")
+        stop = req.stop_strings()
+        ids = encode_chat(req, self.tokenizer, self.chat_template) if chat else encode_completion(req, self.tokenizer)
+        params = self._params(req, ids, chat)
+        loop = asyncio.get_running_loop()
+        woke = asyncio.Event()
         try:
-            n = int(length)
-        except ValueError:
-            raise ApiError(400, "bad Content-Length header") from None
-        if n < 0 or n > self.server.cfg.max_body_bytes:
-            self.close_connection = True  # the body stays unread
-            raise ApiError(413, f"the request body must be at most {self.server.cfg.max_body_bytes} bytes")
-        return self.rfile.read(n)
-
-    def _sse(self, obj: dict | str) -> None:
-        payload = obj if isinstance(obj, str) else json.dumps(obj)
-        data = f"data: {payload}\n\n".encode()
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")  # one HTTP chunk per event
-        self.wfile.flush()
-
-    # ---- routes -------------------------------------------------------------------------
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/health":
-            self._send_json(200, {"status": "ok"})
-        elif path == "/metrics":
-            self._send_text(200, self.server.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
-        elif path == "/v1/models":
-            model = {"id": self.server.model_name, "object": "model", "created": 0, "owned_by": "splitserve",
-                     "max_model_len": self.server.engine.max_context}
-            self._send_json(200, {"object": "list", "data": [model]})
-        else:
-            self._send_error(ApiError(404, f"no route GET {path}", kind="not_found_error"))
-
-    def do_POST(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path not in ("/v1/completions", "/v1/chat/completions"):
-            self._send_error(ApiError(404, f"no route POST {path}", kind="not_found_error"))
-            return
-        try:
-            body = self._read_body()
-            with self.server.tokenizer_lock:
-                req = parse_request(body, path == "/v1/chat/completions", self.server.tokenizer,
-                                    self.server.model_name)
-            params = self._params(req)
-            job = self.server.worker.submit(req.prompt_ids, params)
-        except ApiError as err:
-            self._send_error(err)
-            return
+            job = self.worker.submit(ids, params, request.scope.get(ARRIVAL), wake=lambda: loop.call_soon_threadsafe(
+                woke.set))
         except QueueFullError as exc:
-            self._send_json(503, ApiError(503, str(exc), kind="server_overloaded").body())
-            return
-        except Exception as exc:  # a bug in parsing or tokenizing must not take the server down
-            log.exception("bad request handling")
-            self._send_json(500, ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error").body())
-            return
-        reply = Reply(req.chat, self.server.model_name)
-        text = TextStream(self.server.tokenizer, req.stop, self.server.tokenizer_lock)
+            raise ApiError(503, str(exc), kind="server_overloaded") from None
+        reply = Reply(chat, self.model_name)
+        text = TextStream(self.tokenizer, stop)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        if req.stream:
+            return StreamingResponse(self._stream(job, woke, text, reply, len(ids), include_usage),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        parts, end = [], None
         try:
-            if req.stream:
-                self._stream(job, req, reply, text)
-            else:
-                self._complete(job, req, reply, text)
-        except DISCONNECTS:
-            job.cancel()  # the engine stops at the next round
-            self.close_connection = True
+            async for delta, end in self._events(job, woke, text, request):
+                parts.append(delta)
+        except ClientGone:
+            job.cancel()
             log.info("client disconnected; generation cancelled")
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+        finish, count = end
+        return JSONResponse(reply.full("".join(parts), finish, reply.usage(len(ids), count)))
 
-    def _params(self, req: Request) -> SamplingParams:
-        engine = self.server.engine
+    def _params(self, req, ids: list[int], chat: bool) -> SamplingParams:
+        engine = self.engine
+        max_tokens = req.effective_max_tokens()
         try:
-            max_tokens = req.max_tokens or max(1, engine.max_context - len(req.prompt_ids))
-            engine.check_fits(len(req.prompt_ids), max_tokens)
+            max_tokens = max_tokens or max(1, engine.max_context - len(ids))
+            engine.check_fits(len(ids), max_tokens)
         except ContextLengthError as exc:
-            raise ApiError(400, str(exc), "messages" if req.chat else "prompt") from None
-        eos = frozenset() if req.ignore_eos else self.server.eos_ids
-        return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, seed=req.seed, eos_ids=eos)
+            raise ApiError(400, str(exc), "messages" if chat else "prompt") from None
+        eos = frozenset() if req.ignore_eos else self.eos_ids
+        top_k = max(0, req.top_k)  # -1 (vLLM's "off") and 0 mean all tokens
+        return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, seed=req.seed, eos_ids=eos,
+                              top_k=top_k, top_p=req.top_p)
 
-    def _client_gone(self) -> bool:
-        """True when the peer closed its side (readable, and a peek returns EOF)."""
-        try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
-        except OSError:
-            return True
-
-    def _events(self, job: Job, text: TextStream):
+    async def _events(self, job: Job, woke: asyncio.Event, text: TextStream, request: Request | None = None):
         """-> (text delta, None) per round, then ("", (finish_reason, completion tokens)).
-        While waiting (queued, or a slow round) it checks the client is still there, so a
-        non-streaming client that leaves frees the engine too."""
+        With `request` (non-streaming), a wait also checks the client is still there."""
         count, checked = 0, time.monotonic()
         while True:
+            if request is not None and time.monotonic() - checked >= CLIENT_CHECK_S:
+                checked = time.monotonic()  # by the clock: events may arrive faster than that
+                if await request.is_disconnected():
+                    raise ClientGone
             try:
-                kind, value = job.events.get(timeout=CLIENT_CHECK_S)
+                kind, value = job.events.get_nowait()
             except queue.Empty:
-                kind, value = None, None
-            if time.monotonic() - checked >= CLIENT_CHECK_S:
-                checked = time.monotonic()
-                if self._client_gone():
-                    raise ConnectionAbortedError("client closed the connection")
-            if kind is None:
+                woke.clear()
+                if job.events.empty():  # nothing slipped in between: sleep until the worker wakes us
+                    try:
+                        await asyncio.wait_for(woke.wait(), CLIENT_CHECK_S)
+                    except TimeoutError:
+                        pass
                 continue
             if kind == "tokens":
                 count += len(value)
@@ -209,40 +253,38 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 raise ApiError(500, value, kind="server_error")
 
-    def _complete(self, job: Job, req: Request, reply: Reply, text: TextStream) -> None:
-        parts, end = [], None
+    async def _stream(self, job: Job, woke: asyncio.Event, text: TextStream, reply: Reply, prompt_len: int,
+                      include_usage: bool):
+        """SSE events. Starlette cancels this generator when the client disconnects; the
+        finally cancels the job, and the engine stops at the next round."""
+        done = False
         try:
-            for delta, end in self._events(job, text):
-                parts.append(delta)
-        except ApiError as err:
-            self._send_error(err)
-            return
-        finish, count = end
-        self._send_json(200, reply.full("".join(parts), finish, reply.usage(len(req.prompt_ids), count)))
-
-    def _stream(self, job: Job, req: Request, reply: Reply, text: TextStream) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        if req.chat:
-            self._sse(reply.chunk("", first=True))
-        try:
-            for delta, end in self._events(job, text):
-                if delta:
-                    self._sse(reply.chunk(delta))
-                if end is not None:
-                    finish, count = end
-                    self._sse(reply.chunk(None, finish))
-                    if req.include_usage:
-                        self._sse(reply.usage_chunk(reply.usage(len(req.prompt_ids), count)))
-        except ApiError as err:  # headers are out: report in-band, as OpenAI does
-            self._sse(err.body())
-        self._sse("[DONE]")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+            if reply.chat:
+                yield _sse(reply.chunk("", first=True))
+            try:
+                async for delta, end in self._events(job, woke, text):
+                    if delta:
+                        yield _sse(reply.chunk(delta))
+                    if end is not None:
+                        finish, count = end
+                        yield _sse(reply.chunk(None, finish))
+                        if include_usage:
+                            yield _sse(reply.usage_chunk(reply.usage(prompt_len, count)))
+            except ApiError as err:  # headers are out: report in-band, as OpenAI does
+                self.metrics.http_error(err.status)
+                yield _sse(err.body())
+            yield "data: [DONE]\n\n"
+            done = True
+        finally:
+            if not done:
+                job.cancel()
+                log.info("client disconnected; generation cancelled")
 
 
-def build_server(engine: Engine, tokenizer, eos_ids: frozenset[int], cfg: ServerConfig, model_name: str) -> SplitServer:
-    return SplitServer(engine, tokenizer, eos_ids, cfg, model_name)
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def build_server(engine: Engine, tokenizer, eos_ids: frozenset[int], cfg: ServerConfig, model_name: str,
+                 sock: socket.socket | None = None, chat_template: str | None = None) -> SplitServer:
+    return SplitServer(engine, tokenizer, eos_ids, cfg, model_name, sock, chat_template)

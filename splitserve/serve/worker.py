@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from splitserve.serve.engine import Engine, SamplingParams
@@ -28,10 +30,19 @@ class Job:
     events: queue.Queue = field(default_factory=queue.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = "cancelled"  # "stop": the front end saw a stop string, the reply is complete
+    arrival: float = field(default_factory=time.perf_counter)  # TTFT and queue time count from here
+    # Called (from the engine thread) after each event: the async front end's wake-up, so it
+    # waits on its own event loop instead of holding a thread per request.
+    wake: Callable[[], None] | None = None
 
     def cancel(self, reason: str = "cancelled") -> None:
         self.cancel_reason = reason
         self.cancelled.set()
+
+    def put(self, kind: str, value) -> None:
+        self.events.put((kind, value))
+        if self.wake is not None:
+            self.wake()
 
 
 class EngineWorker:
@@ -47,8 +58,11 @@ class EngineWorker:
         self._jobs.put(None)
         self._thread.join(timeout)
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Job:
-        job = Job(prompt_ids, params)
+    def submit(self, prompt_ids: list[int], params: SamplingParams, arrival: float | None = None,
+               wake: Callable[[], None] | None = None) -> Job:
+        job = Job(prompt_ids, params, wake=wake)
+        if arrival is not None:
+            job.arrival = arrival
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
@@ -64,24 +78,24 @@ class EngineWorker:
             self.metrics.gauge("queued", -1)
             if job.cancelled.is_set():  # the client left while waiting
                 self.metrics.count("cancelled")
-                job.events.put(("error", "cancelled"))
+                job.put("error", "cancelled")
                 continue
             self.metrics.gauge("running", +1)
+            queue_s = time.perf_counter() - job.arrival
             try:
                 stats = self.engine.generate(job.prompt_ids, job.params,
                                              on_tokens=lambda toks, j=job: self._emit(j, toks))
                 if stats.finish_reason == "cancelled":
                     stats.finish_reason = job.cancel_reason
-                self.metrics.observe(stats)
-                job.events.put(("done", stats))
-            except Exception as exc:  # keep serving: report to this client, log the rest
+                self.metrics.observe(stats, queue_s)
+                job.put("done", stats)
+            except Exception as exc:  # keep serving: report to this client (the front end counts it)
                 log.exception("generation failed")
-                self.metrics.count("error")
-                job.events.put(("error", f"generation failed: {type(exc).__name__}: {exc}"))
+                job.put("error", f"generation failed: {type(exc).__name__}: {exc}")
             finally:
                 self.metrics.gauge("running", -1)
 
     @staticmethod
     def _emit(job: Job, tokens: list[int]) -> bool:
-        job.events.put(("tokens", tokens))
+        job.put("tokens", tokens)
         return not job.cancelled.is_set()

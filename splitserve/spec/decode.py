@@ -19,7 +19,7 @@ import torch
 
 from splitserve.models.dspark import DSparkDraft
 from splitserve.spec.context import DynamicDraftContext
-from splitserve.spec.verify import verify_block
+from splitserve.spec.verify import target_probs, verify_block
 
 
 @dataclass
@@ -82,10 +82,12 @@ class SpecDecoder:
             anchor, p = bonus, p + n_acc + 1
 
 
-def pick_token(logits: torch.Tensor, temperature: float, generator=None) -> torch.Tensor:
-    """logits: (V,) -> () argmax at T=0, else a sample from softmax(logits / T)."""
+def pick_token(logits: torch.Tensor, temperature: float, generator=None, top_k: int = 0,
+               top_p: float = 1.0) -> torch.Tensor:
+    """logits: (V,) -> () argmax at T=0, else a sample from truncate(softmax(logits / T), top_k,
+    top_p): the same target distribution verification accepts against."""
     if temperature > 0:
-        return torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[0]
+        return torch.multinomial(target_probs(logits, temperature, top_k, top_p), 1, generator=generator)[0]
     return logits.argmax(-1)
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from splitserve.spec.verify import at
+from splitserve.spec.verify import at, target_probs
 
 SCHEDULES = ("static", "confidence")
 
@@ -61,6 +61,8 @@ def truncate_verify(
     target_logits: torch.Tensor,
     temperature: float,
     generator: torch.Generator | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn a full-block verification into one of the prefix d_1..d_L (L = `limit`).
 
@@ -74,7 +76,7 @@ def truncate_verify(
     """
     row = at(target_logits, limit)  # (V,): logits of q_L
     if temperature > 0:
-        q = torch.softmax(row.float() / temperature, dim=-1)
+        q = target_probs(row, temperature, top_k, top_p)  # the same truncated q as verify_block
         e = torch.empty(q.shape[-1], device=q.device).exponential_(generator=generator)
         at_stop = (q / e).argmax()
     else:

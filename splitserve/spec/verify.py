@@ -4,6 +4,15 @@ Both functions are pure and stay on the device (no .item()); they are the PyTorc
 that faster kernels must match. Notation: d_1..d_γ draft tokens, q_0..q_γ the target's
 distributions at the verify positions (q_{k-1} scores d_k; q_γ follows the last draft token),
 p_1..p_γ the draft's (Markov-corrected) distributions the tokens were sampled from.
+
+top_k / top_p: the target distribution is truncated before verification (`truncate_probs`,
+vLLM's order: top-k first, then top-p over the renormalised top-k distribution), and
+rejection sampling runs against that truncated q. The draft's p needs no truncation: for any
+proposal p, P(commit x) = min(p(x), q(x)) + (1 - sum_y min(p(y), q(y))) * r(x), with
+r = max(0, q - p) / sum(max(0, q - p)); since sum_y min(p, q) + sum_y max(0, q - p) = 1 that is
+min(p, q)(x) + max(0, q - p)(x) = q(x). A token outside q's support has q = 0, so it never
+passes the accept test (u p < 0 is false) and gets no residual mass. Truncating p as well would
+only raise acceptance; it is not needed for exactness.
 """
 
 from __future__ import annotations
@@ -15,6 +24,34 @@ def at(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """x[n] for a () device index n. Plain x[n] turns n into a Python int (a host sync, and an
     error inside CUDA graph capture); index_select keeps it on the device."""
     return x.index_select(0, n.view(1))[0]
+
+
+def truncates(vocab: int, top_k: int, top_p: float) -> bool:
+    return 0 < top_k < vocab or top_p < 1.0
+
+
+def truncate_probs(probs: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """probs (..., V) -> the same rows restricted to the k most likely tokens (ties at the k-th
+    value kept), then to the smallest most-likely-first set whose renormalised mass reaches
+    top_p (the most likely token always stays), renormalised. top_k 0 and top_p 1: unchanged.
+    Shapes are fixed and nothing is read on the host (CUDA-graph safe)."""
+    if not truncates(probs.shape[-1], top_k, top_p):
+        return probs
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
+        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)  # (..., V)
+        total = sorted_p.sum(-1, keepdim=True)
+        before = (sorted_p.cumsum(-1) - sorted_p) / total  # mass strictly ahead of each token
+        keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before < top_p)
+        probs = torch.where(keep, probs, torch.zeros_like(probs))
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """logits (..., V) -> q = truncate(softmax(logits / T)) (..., V), float32; T > 0."""
+    return truncate_probs(torch.softmax(logits.float() / temperature, dim=-1), top_k, top_p)
 
 
 def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,16 +107,19 @@ def verify_block(
     generator: torch.Generator | None = None,
     greedy=greedy_verify,
     sampling=sampling_verify,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One round's verification on the device: (n_accepted (), next token ()).
 
     draft_tokens (γ,), draft_probs (γ, V) or None when greedy, target_logits (γ+1, V).
-    At T>0 the target logits become q = softmax(logits / T) and the random numbers are drawn
+    At T>0 the target logits become q = truncate(softmax(logits / T), top_k, top_p) (greedy
+    ignores top_k / top_p: truncation keeps the argmax) and the random numbers are drawn
     here, in a fixed order, so every caller consumes its generator the same way.
     `greedy` / `sampling` swap in faster implementations of the same signatures (kernels/).
     """
     if temperature > 0:
-        q = torch.softmax(target_logits / temperature, dim=-1)
+        q = target_probs(target_logits, temperature, top_k, top_p)
         u = torch.rand(draft_tokens.shape[0], device=q.device, generator=generator)
         e = torch.empty(q.shape[-1], device=q.device).exponential_(generator=generator)
         return sampling(draft_tokens, draft_probs, q, u, e)

@@ -6,8 +6,11 @@ Layout (run_dir/checkpoints/):
     step_0000100/deepspeed/          DeepSpeed's own sharded optimizer state (deepspeed backend)
     step_0000100/state.json          step, samples/tokens seen, elapsed time, finished flag
     latest                           name of the newest complete checkpoint
+    step_0000200.corrupt/            a checkpoint found unreadable on resume, set aside
 A checkpoint is written to a temp dir and renamed, then `latest` is replaced atomically, so
-a run killed at any moment resumes from the last complete one. In a split job every draft
+a run killed at any moment resumes from the last complete one. A checkpoint damaged later (a
+truncated file, a full disk) is set aside on resume, which then starts from the newest intact
+one; `latest` is rewritten whenever it names a checkpoint that is not there. In a split job every draft
 rank takes part (DeepSpeed writes its shards from each rank); draft rank 0 writes the rest.
 Ranks share the run directory's filesystem.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -73,22 +77,42 @@ def save_checkpoint(
     return final
 
 
+STEP_DIR = re.compile(r"step_(\d+)")
+
+
 def checkpoint_dirs(run_dir: Path) -> dict[int, Path]:
-    """step -> directory of every complete checkpoint of a run (half-written `.tmp` ones left
-    out), oldest first."""
+    """step -> directory of every complete checkpoint of a run (half-written `.tmp` and set-aside
+    `.corrupt` ones left out), oldest first."""
     root = Path(run_dir) / "checkpoints"
-    done = (p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+    done = (p for p in root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name))
     return {int(p.name.removeprefix("step_")): p for p in sorted(done)}
 
 
+def _point_latest(root: Path, name: str | None) -> None:
+    if name is None:
+        (root / "latest").unlink(missing_ok=True)
+        return
+    (root / "latest.tmp").write_text(name)
+    os.replace(root / "latest.tmp", root / "latest")
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = Path(run_dir) / "checkpoints" / "latest"
+    """The checkpoint `latest` names. If it names one that is gone (deleted by hand, set aside),
+    the newest complete one is taken and `latest` is rewritten to name it (or removed when there
+    is none), so the pointer never names a missing checkpoint for long."""
+    root = Path(run_dir) / "checkpoints"
+    pointer = root / "latest"
     if not pointer.exists():
         return None
-    path = pointer.parent / pointer.read_text().strip()
-    if not path.is_dir():
-        raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
-    return path
+    path = root / pointer.read_text().strip()
+    if path.is_dir():
+        return path
+    dirs = list(checkpoint_dirs(run_dir).values())
+    newest = dirs[-1] if dirs else None
+    _point_latest(root, newest.name if newest else None)
+    print(f"[checkpoint] {pointer} named {path.name}, which does not exist; "
+          + (f"now {newest.name}" if newest else "no checkpoint left, starting fresh"))
+    return newest
 
 
 def load_weights(ckpt: Path, draft) -> None:
@@ -116,6 +140,42 @@ def load_weights(ckpt: Path, draft) -> None:
 def read_state(ckpt: Path) -> TrainState:
     """The bookkeeping of a checkpoint (step, counters, finished), without touching weights."""
     return TrainState(**json.loads((Path(ckpt) / "state.json").read_text()))
+
+
+def resume_checkpoint(run_dir: Path, draft, backend, part: Partition | None = None) -> tuple[TrainState, Path] | None:
+    """Load the newest intact checkpoint -> (its state, its directory), None when there is none.
+
+    A checkpoint that fails to load (CheckpointError) is reported in one line, renamed to
+    `<name>.corrupt` by the writer rank (kept for inspection, never loaded again) and the next
+    older one is tried; `latest` is pointed at the one that loaded. Loading writes the draft and
+    the backend whole, so a checkpoint that failed halfway leaves nothing behind once an older
+    one loads. When none loads, a CheckpointError (training from scratch must be asked for)."""
+    part = part or Partition()
+    root = Path(run_dir) / "checkpoints"
+    first = latest_checkpoint(run_dir)
+    if first is None:
+        return None
+    candidates = [p for step, p in sorted(checkpoint_dirs(run_dir).items(), reverse=True)
+                  if step <= int(first.name.removeprefix("step_"))]
+    for ckpt in candidates:
+        try:
+            state = load_checkpoint(ckpt, draft, backend)
+        except CheckpointError as exc:
+            older = [p.name for p in candidates if p.name < ckpt.name]
+            if part.writer:
+                print(f"[train] checkpoint {ckpt.name} is unreadable, set aside as {ckpt.name}.corrupt; "
+                      f"{'resuming from ' + older[0] if older else 'no older one'} ({exc})")
+                shutil.rmtree(root / f"{ckpt.name}.corrupt", ignore_errors=True)
+                os.replace(ckpt, root / f"{ckpt.name}.corrupt")
+            continue
+        if part.writer:
+            _point_latest(root, ckpt.name)
+        return state, ckpt
+    # Every checkpoint failed: starting fresh would silently drop the run's progress.
+    if part.writer:
+        _point_latest(root, None)
+    raise CheckpointError(f"no checkpoint of {run_dir} is readable (set aside as *.corrupt); "
+                          "remove its checkpoints/ directory to train from scratch")
 
 
 def load_checkpoint(ckpt: Path, draft, backend) -> TrainState:

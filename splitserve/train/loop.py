@@ -20,7 +20,7 @@ from splitserve.config import RunConfig
 from splitserve.models.build import build_draft, resolve_arch
 from splitserve.models.io import save_arch
 from splitserve.train.backends import make_backend
-from splitserve.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from splitserve.train.checkpoint import TrainState, resume_checkpoint, save_checkpoint
 from splitserve.train.partition import Partition
 from splitserve.train.sources import DataOrder, DumpSource, RecordSource, TargetSource
 from splitserve.train.step import collate, draft_loss, plan_blocks, position_weight, row_generators
@@ -36,13 +36,15 @@ def build_source(cfg: RunConfig, target, quiet: bool = False, store_dtype: torch
         if not quiet:
             print(f"[train] reading {len(reader)} samples from dump {cfg.data.dump_dir}")
         return DumpSource(reader)
-    from splitserve.data import load_options, load_samples, resolve_train_path
+    from splitserve.data import DataError, load_options, load_samples, resolve_train_path
     from splitserve.target.bucketed import use_capture_graphs
 
     graphs = use_capture_graphs(cfg.target, target.device)
     path = resolve_train_path(cfg.data.train_path)
     samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples,
                                   load_options(cfg.data))
+    if not samples:
+        raise DataError(f"{path}: no training samples ({stats.summary()}; data.max_length={cfg.data.max_length})")
     if not quiet:
         print(f"[train] data {path}: {stats.summary()}")
     return TargetSource(target, samples, store_dtype, bucketed=graphs)
@@ -165,9 +167,9 @@ def train(
     feed_dtype = torch.bfloat16 if bf16 and cfg.train.backend == "deepspeed" else torch.float32
 
     state = TrainState()
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is not None:
-        state = load_checkpoint(ckpt, draft, backend)
+    resumed = resume_checkpoint(run_dir, draft, backend, part)  # a damaged newest one falls back
+    if resumed is not None:
+        state, ckpt = resumed
         if part.writer:
             print(f"[train] resumed from {ckpt} (step {state.step}{', finished' if state.finished else ''})")
     n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
