@@ -113,3 +113,20 @@ def test_run_that_reached_max_steps_is_complete_and_tau_curve_is_read(tmp_path):
 def test_report_on_a_missing_dir_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="is not a directory"):
         main(["report", str(tmp_path / "nope")])
+
+
+def test_paired_ratio_is_pooled_tau_over_pooled_tau_with_a_paired_interval():
+    import numpy as np
+
+    from splitserve.report.ratios import PerPrompt, paired_ratio
+
+    rounds = np.array([10.0, 20.0, 5.0, 8.0])
+    a = PerPrompt([(1,), (2,), (3,), (4,)], np.array([30.0, 50.0, 9.0, 20.0]), rounds)
+    point, lo, hi = paired_ratio(a, a, samples=500)
+    assert point == lo == hi == 1.0  # the same draws for both runs: a run against itself is exactly 1
+    b = PerPrompt(a.prompts, a.tokens / 2, rounds)
+    point, lo, hi = paired_ratio(a, b, samples=500)
+    assert abs(point - 2.0) < 1e-12 and abs(lo - 2.0) < 1e-12 and abs(hi - 2.0) < 1e-12
+    c = PerPrompt(a.prompts, np.array([20.0, 60.0, 6.0, 16.0]), rounds)
+    point, lo, hi = paired_ratio(a, c, samples=2000)
+    assert abs(point - (109 / 43) / (102 / 43)) < 1e-12 and lo < point < hi
