@@ -59,8 +59,12 @@ def check_prompts(name: str, flag: str) -> None:
     from splitserve.data.prompts import read_prompts
     from splitserve.data.rows import DataError
 
-    path = resolve_prompts_path(name)
-    if not read_prompts(path):
+    try:
+        path = resolve_prompts_path(name)
+        prompts = read_prompts(path)
+    except DataError as exc:  # named by the flag that brought the file in
+        raise DataError(f"{flag} {exc}") from None
+    if not prompts:
         raise DataError(f"{flag} {path}: no prompts (the file is empty)")
 
 

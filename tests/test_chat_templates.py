@@ -144,18 +144,22 @@ def test_train_on_qwen3_template_multi_turn(tiny_smol_dir, tmp_path, monkeypatch
 
 
 def test_serve_request_kwargs_reach_the_template(smollm2_tokenizer):
+    """A chat request's chat_template_kwargs reach the template, rendered exactly as training
+    renders the same conversation; kwargs that are not an object are refused before rendering."""
     import copy
 
-    from splitserve.serve.protocol import ApiError, parse_request
+    from pydantic import ValidationError
+
+    from splitserve.serve.protocol import ChatCompletionRequest, encode_chat
 
     tok = copy.deepcopy(smollm2_tokenizer)
     tok.chat_template = QWEN3_STYLE
     messages = [{"role": "user", "content": "Hi there"}]
     body = {"messages": messages, "chat_template_kwargs": {"enable_thinking": False}}
-    req = parse_request(json.dumps(body).encode(), True, tok, "m")
-    assert tok.decode(req.prompt_ids).endswith(A + EMPTY_THINK)
-    assert req.prompt_ids == encode_prompt(tok, messages, ChatTemplate(kwargs={"enable_thinking": False}))
-    plain = parse_request(json.dumps({"messages": messages}).encode(), True, tok, "m")
-    assert tok.decode(plain.prompt_ids).endswith(A)
-    with pytest.raises(ApiError, match="chat_template_kwargs"):
-        parse_request(json.dumps({**body, "chat_template_kwargs": [1]}).encode(), True, tok, "m")
+    ids = encode_chat(ChatCompletionRequest.model_validate(body), tok)
+    assert tok.decode(ids).endswith(A + EMPTY_THINK)
+    assert ids == encode_prompt(tok, messages, ChatTemplate(kwargs={"enable_thinking": False}))
+    plain = encode_chat(ChatCompletionRequest.model_validate({"messages": messages}), tok)
+    assert tok.decode(plain).endswith(A) and plain == encode_prompt(tok, messages)
+    with pytest.raises(ValidationError, match="chat_template_kwargs"):
+        ChatCompletionRequest.model_validate({**body, "chat_template_kwargs": [1]})
