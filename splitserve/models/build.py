@@ -32,14 +32,18 @@ def pick_mask_token(tokenizer: Any, vocab_size: int) -> int:
 
 
 def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None) -> DSparkArch:
-    """target_config: the target's HF config (text part), for default attention/MLP shapes."""
+    """target_config: the target's HF config (a multimodal one is read through its text part),
+    for default attention/MLP shapes."""
     if cfg.block_size < 1:
         raise ValueError(f"draft.block_size must be >= 1, got {cfg.block_size}")
+    if hasattr(target_config, "get_text_config"):
+        target_config = target_config.get_text_config()
     n_heads = cfg.num_heads or target_config.num_attention_heads
     head_dim = cfg.head_dim or getattr(target_config, "head_dim", None) or info.hidden_size // n_heads
     rope = cfg.rope_theta
     if rope is None:
         params = getattr(target_config, "rope_parameters", None) or {}
+        params = params.get("full_attention", params)  # Gemma-3: one set per layer type
         rope = params.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
     return DSparkArch(
         vocab_size=info.vocab_size,
