@@ -133,7 +133,8 @@ class SGLangTarget:
     def __init__(self, runner, info: TargetInfo, tokenizer: Any = None, gpu_id: int = 0):
         self.runner = runner
         self._device = torch.device("cuda", gpu_id)
-        self.model = runner.model  # its .config is the target's HF config (read by resolve_arch)
+        self.model = runner.model
+        self.config = runner.model.config  # the target's HF config (read by resolve_arch)
         self.info = info
         self.tokenizer = tokenizer
         self._final: torch.Tensor | None = None
