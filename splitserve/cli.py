@@ -17,6 +17,7 @@ sweeps work); the other commands take plain flags.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -65,6 +66,17 @@ def _save_resolved(cfg, run_dir: Path) -> None:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
 
+@contextlib.contextmanager
+def unsupported_target_exits(command: str):
+    """A target that cannot be served exactly ends the command with its one-line reason."""
+    from splitserve.target.arch import UnsupportedTargetError
+
+    try:
+        yield
+    except UnsupportedTargetError as exc:
+        sys.exit(f"splitserve {command}: {exc}")
+
+
 def hydra_app(command: str, argv: list[str]) -> None:
     import hydra
 
@@ -72,7 +84,10 @@ def hydra_app(command: str, argv: list[str]) -> None:
 
     @hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")
     def app(dcfg) -> None:
-        cfg = to_run_config(dcfg)
+        with unsupported_target_exits(command):
+            run(to_run_config(dcfg))
+
+    def run(cfg) -> None:
         if command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from splitserve.split.runner import run_split
 
@@ -427,7 +442,8 @@ def main(argv: list[str] | None = None) -> None:
     if cmd in ("train", "dump"):
         hydra_app(cmd, rest)
     elif cmd in COMMANDS:
-        COMMANDS[cmd](rest)
+        with unsupported_target_exits(cmd):
+            COMMANDS[cmd](rest)
     else:
         sys.exit(f"splitserve: unknown command {cmd!r}\nusage:\n{USAGE}")
 
