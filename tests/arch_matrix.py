@@ -4,7 +4,10 @@ pass (tests/test_target_matrix.py runs them; bench/target_matrix.py writes docs/
 
 Windowed families get a sliding window of 8 tokens, shorter than any chat prompt here plus
 its generation, so a cache or mask that ignores the window gives other tokens. Every lm_head
-is untied and scaled x20 so greedy continuations are not near-ties another code path could flip.
+is untied, x20, with rows of log-normally spread scales: over a 49k vocabulary, i.i.d. logits
+leave ~1% of greedy picks a near tie another code path could flip; spread rows leave ~0.05%.
+Every greedy pick compared across two code paths is checked to be no near tie
+(floats.assert_tie_free); an architecture whose default seed meets one gets another in SEEDS.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from pathlib import Path
 import torch
 
 WINDOW = 8
-NEW_TOKENS = 20
+NEW_TOKENS = 16
+SEEDS = {"llama": 1}  # arch -> a seed whose greedy picks here are no near ties
+# Gemma-2 soft-caps its logits at 30: larger raw logits would all saturate into near ties.
+HEAD_SCALE = {"gemma2": 2.0}
 CHAT = [{"role": "user", "content": "Tell me about the weather at the coast in spring, please."}]
 
 
@@ -87,10 +93,11 @@ def save_tiny(arch: str, out: Path, seed: int = 0) -> Path:
     if arch in REFUSED:
         cfg.save_pretrained(out)
         return out
-    torch.manual_seed(seed)
+    torch.manual_seed(SEEDS.get(arch, seed))
     model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(20.0)
+    with torch.no_grad():  # rows of spread scales: the top logit stands out, as in trained models
+        head = model.get_output_embeddings().weight  # (V, D)
+        head.mul_(HEAD_SCALE.get(arch, 20.0) * torch.exp(torch.randn(head.shape[0], 1)))
     model.save_pretrained(out)
     return out
 

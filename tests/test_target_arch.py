@@ -239,3 +239,31 @@ def test_soft_capped_target_sampled_at_t1_matches_its_distribution():
     # 1200 samples: a frequency's std is at most ~0.0144; 0.055 is ~3.8 sigma.
     assert (first / n - p1).abs().max() < 0.055
     assert (second / n - p2).abs().max() < 0.055
+
+
+def test_training_distils_the_targets_own_distribution(monkeypatch):
+    """The teacher logits of the training loss are the target's own (Granite divides by its
+    logits_scaling), not the raw lm_head of the captured final hidden state."""
+    from tiny import tiny_draft
+
+    from splitserve.config import LossConfig
+    from splitserve.records import HiddenRecord
+    from splitserve.train import step
+
+    target = tiny(tf.GraniteConfig(**SMALL, logits_scaling=5.0))
+    draft = tiny_draft(target, block_size=3)
+    ids = torch.randint(0, V, (16,), generator=torch.Generator().manual_seed(6))
+    cap = target.capture(ids[None])
+    record = HiddenRecord(sample_id=0, input_ids=ids, loss_mask=torch.ones(16, dtype=torch.bool), aux=cap.aux[0],
+                          final=cap.final[0])
+    seen = {}
+    real = step.compute_loss
+    monkeypatch.setattr(step, "compute_loss", lambda inputs, cfg: seen.setdefault("in", inputs) and real(inputs, cfg))
+    batch = step.collate([record], torch.device("cpu"), torch.float32)
+    step.draft_loss(draft, batch, 4, LossConfig(), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        own = target.model(ids[None]).logits[0]  # (T, V)
+    got = seen["in"].target_logits  # (P, V), one row per trained position
+    rows = torch.stack([own[(own - g).abs().sum(-1).argmin()] for g in got])  # each row: its position's own
+    assert_float32_close(got, rows)
+    assert (got * 5.0 - rows).abs().max() > 0.1  # raw lm_head logits would be 5x these

@@ -89,8 +89,11 @@ def check_compatible(arch: DSparkArch, info: TargetInfo, where: str = "draft") -
 
 
 def build_draft(arch: DSparkArch, target) -> DSparkDraft:
-    """A fresh draft with the target's embedding and lm_head copied in (frozen)."""
+    """A fresh draft with the target's embedding and lm_head copied in (frozen), and the
+    target's logit transform (soft-capping, scaling; None: raw lm_head logits), which training
+    applies to the target's distribution it distils from."""
     check_compatible(arch, target.info)
     draft = DSparkDraft(arch)
     draft.load_shared(target.embed_weight(), target.lm_head_weight())
+    draft.target_logit_transform = getattr(target, "logit_transform", None)
     return draft.to(target.device)

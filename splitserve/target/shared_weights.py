@@ -23,7 +23,7 @@ import torch
 
 from splitserve.assets import resolve_target_path
 from splitserve.config import TargetConfig
-from splitserve.target.arch import text_config
+from splitserve.target.arch import LogitTransform, text_config
 from splitserve.target.hf import DTYPES, _info_from_config, hub_kwargs, load_target_config, load_tokenizer
 
 INDEX = "model.safetensors.index.json"
@@ -170,6 +170,7 @@ class SharedWeightsTarget:
             raise ValueError(f"target.dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
         self.config = load_target_config(cfg)
         self.info = _info_from_config(self.config, cfg, cfg.name)
+        self.logit_transform = LogitTransform.from_config(self.config)
         self.tokenizer = load_tokenizer(resolve_target_path(cfg.path), **hub_kwargs(cfg))
         embed, head = read_shared_weights(cfg, self.config)
         device = device or torch.device("cpu")
