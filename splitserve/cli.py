@@ -178,18 +178,19 @@ def export_main(argv: list[str]) -> None:
     from splitserve.export import export_draft
     from splitserve.models.io import load_draft, read_draft_meta
     from splitserve.spec.calibration import load_calibration
-    from splitserve.target.hf import load_hf_target
+    from splitserve.target.shared_weights import SharedWeightsTarget
 
     arch, kind, run_target = read_draft_meta(args.run_dir)
     target_path = args.target or run_target or "smollm2-135m"
-    target = load_hf_target(TargetConfig(name=arch.target_name or Path(target_path).name, path=target_path,
-                                         layer_ids=list(arch.target_layer_ids), device="cpu"))
+    # An export needs of the target only its embedding and lm_head: two tensors, not the model.
+    target = SharedWeightsTarget(TargetConfig(name=arch.target_name or Path(target_path).name, path=target_path,
+                                              layer_ids=list(arch.target_layer_ids), device="cpu"))
     draft = load_draft(args.run_dir, target)
     calibration = load_calibration(args.run_dir)
     if args.format == "sglang":
         from splitserve.export.sglang import export_sglang, launch_command
 
-        text_cfg = target.model.config.get_text_config()
+        text_cfg = target.config.get_text_config()
         exp = export_sglang(draft, args.out_dir, target.info.num_layers, calibration, args.algorithm,
                             args.keep_fp32, int(getattr(text_cfg, "max_position_embeddings", 32768)))
         print(f"exported {args.run_dir} ({kind}) -> {exp.out_dir} for SGLang {exp.algorithm.upper()}")

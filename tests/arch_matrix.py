@@ -266,7 +266,7 @@ def markdown(rows: list[Row]) -> str:
     lines = []
     for r in rows:
         if r.refused is not None or r.arch in REFUSED:
-            why = r.refused or "**NOT REFUSED**"
+            why = r.refused.split(": ", 1)[-1] if r.refused else "**NOT REFUSED**"  # without the local path
             lines.append(f"| {r.arch} | {r.model_class} | refused at start: {why} | | | | | | |")
         else:
             lines.append(f"| {r.arch} | {r.model_class} | {r.windows} | {r.logits} | {_mark(r.train)} | "
