@@ -267,3 +267,20 @@ def test_training_distils_the_targets_own_distribution(monkeypatch):
     rows = torch.stack([own[(own - g).abs().sum(-1).argmin()] for g in got])  # each row: its position's own
     assert_float32_close(got, rows)
     assert (got * 5.0 - rows).abs().max() > 0.1  # raw lm_head logits would be 5x these
+
+
+def test_an_unknown_logit_transform_is_refused_at_load(tiny_smol_dir, monkeypatch):
+    """A model whose own forward scales its logits in a way the config does not say (a custom
+    head) is refused when loaded, instead of being verified against raw lm_head logits."""
+    real = tf.LlamaForCausalLM.forward
+
+    def scaled(self, *a, **k):
+        out = real(self, *a, **k)
+        out.logits = out.logits * 0.5
+        return out
+
+    cfg = TargetConfig(path=str(tiny_smol_dir), device="cpu", layer_ids=[0, 1])
+    load_hf_target(cfg)  # as saved: accepted
+    monkeypatch.setattr(tf.LlamaForCausalLM, "forward", scaled)
+    with pytest.raises(UnsupportedTargetError, match="computes its logits in a way"):
+        load_hf_target(cfg)

@@ -207,6 +207,29 @@ def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device, config: 
     return model.to(device).eval()
 
 
+def check_own_logits(target: HFTarget, num_tokens: int = 8) -> None:
+    """Refuse a target whose own forward computes its logits otherwise than lm_head(decoder
+    output) through the config's LogitTransform (a scaling or cap this code does not know), so
+    T>0 verification never silently samples from another distribution. One short forward."""
+    ids = torch.arange(num_tokens, device=target.device)[None] % target.info.vocab_size  # (1, n)
+    with torch.no_grad():
+        try:
+            own = target.model(input_ids=ids, use_cache=False).logits[0].float()  # (n, V)
+        except Exception:  # a wrapper whose forward wants more than token ids: nothing to compare
+            return
+        ours = target._logits(target.decoder(input_ids=ids, use_cache=False).last_hidden_state)[0]
+    rtol = 1e-4 if target.dtype == torch.float32 else 2e-2
+    err = float((ours - own).abs().max())
+    scale = float(own.abs().max()) or 1.0
+    target._captured.clear()
+    if err > rtol * scale:
+        raise UnsupportedTargetError(
+            f"{target.info.name}: {type(target.model).__name__} computes its logits in a way splitserve does not "
+            f"reproduce (max difference {err:.3g} at logit scale {scale:.3g}; from its config: "
+            f"{target.logit_transform})"
+        )
+
+
 def load_hf_target(cfg: TargetConfig, device: torch.device | None = None) -> HFTarget:
     """Load a target per config: the embedded SmolLM2 or any local HF model directory. The
     config is checked before any weight is read."""
@@ -216,7 +239,9 @@ def load_hf_target(cfg: TargetConfig, device: torch.device | None = None) -> HFT
     config = load_target_config(cfg)
     model = load_causal_lm(path, DTYPES[cfg.dtype], device or pick_device(cfg.device), config, **hub_kwargs(cfg))
     tokenizer = load_tokenizer(path, **hub_kwargs(cfg))
-    return wrap_hf_model(model, cfg, tokenizer)
+    target = wrap_hf_model(model, cfg, tokenizer)
+    check_own_logits(target)
+    return target
 
 
 def _info_from_config(mc, cfg: TargetConfig, name: str, validate: bool = True) -> TargetInfo:
