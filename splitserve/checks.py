@@ -18,9 +18,11 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from splitserve.models.build import DraftMismatchError
     from splitserve.offline.reader import DumpError
     from splitserve.split.routing import SplitConfigError
+    from splitserve.target.arch import UnsupportedTargetError
     from splitserve.train.checkpoint import CheckpointError
 
-    return (UserError, DataError, DraftMismatchError, CheckpointError, AssetError, DumpError, SplitConfigError)
+    return (UserError, DataError, DraftMismatchError, CheckpointError, AssetError, DumpError, SplitConfigError,
+            UnsupportedTargetError)
 
 
 def check_train_data(cfg) -> None:

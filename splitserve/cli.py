@@ -198,19 +198,20 @@ def export_main(argv: list[str]) -> None:
     from splitserve.export import export_draft
     from splitserve.models.io import load_draft
     from splitserve.spec.calibration import load_calibration
-    from splitserve.target.hf import load_hf_target
+    from splitserve.target.shared_weights import SharedWeightsTarget
 
     arch, kind, run_target = draft_meta(args.run_dir, "RUN_DIR")
     target_path = args.target or run_target or "smollm2-135m"
-    target = load_hf_target(TargetConfig(name=arch.target_name or Path(target_path).name, path=target_path,
-                                         layer_ids=list(arch.target_layer_ids), device="cpu"))
+    # An export needs of the target only its embedding and lm_head: two tensors, not the model.
+    target = SharedWeightsTarget(TargetConfig(name=arch.target_name or Path(target_path).name, path=target_path,
+                                              layer_ids=list(arch.target_layer_ids), device="cpu"))
     draft = load_draft(args.run_dir, target)
     calibration = load_calibration(args.run_dir)
     if out_dir.exists():  # --force: replaced whole, so no file of the old export survives
         import shutil
 
         shutil.rmtree(out_dir)
-    text_cfg = target.model.config.get_text_config()
+    text_cfg = target.config.get_text_config()
     max_pos = int(getattr(text_cfg, "max_position_embeddings", 32768))
     if args.format in ("speculators", "sglang"):
         from splitserve.assets import resolve_target_path
@@ -221,7 +222,7 @@ def export_main(argv: list[str]) -> None:
 
         from splitserve.export.speculators import export_speculators, vllm_command
 
-        exp = export_speculators(draft, args.out_dir, served_target, list(target.model.config.architectures or []),
+        exp = export_speculators(draft, args.out_dir, served_target, list(target.config.architectures or []),
                                  target.info.hidden_size, max_pos, torch.float32 if args.keep_fp32 else torch.bfloat16)
         print(f"exported {args.run_dir} ({kind}) -> {exp.out_dir} in the speculators DSpark layout (vLLM)")
         try:

@@ -17,6 +17,9 @@ class TargetConfig:
     name: str = "smollm2-135m"
     # "smollm2-135m" resolves to the embedded default; anything else is a HF model directory.
     path: str = "smollm2-135m"
+    revision: str | None = None  # a branch, tag or commit of a hub model (from_pretrained's `revision`)
+    # Run the model's own code from its directory or repo (from_pretrained's `trust_remote_code`).
+    trust_remote_code: bool = False
     backend: str = "transformers"  # transformers | sglang (CUDA, training and dump only; docs/sglang.md)
     dtype: str = "float32"  # float32 | bfloat16
     device: str = "auto"  # auto | cpu | cuda | cuda:N

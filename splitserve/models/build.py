@@ -32,14 +32,18 @@ def pick_mask_token(tokenizer: Any, vocab_size: int) -> int:
 
 
 def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None) -> DSparkArch:
-    """target_config: the target's HF config (text part), for default attention/MLP shapes."""
+    """target_config: the target's HF config (a multimodal one is read through its text part),
+    for default attention/MLP shapes."""
     if cfg.block_size < 1:
         raise ValueError(f"draft.block_size must be >= 1, got {cfg.block_size}")
+    if hasattr(target_config, "get_text_config"):
+        target_config = target_config.get_text_config()
     n_heads = cfg.num_heads or target_config.num_attention_heads
     head_dim = cfg.head_dim or getattr(target_config, "head_dim", None) or info.hidden_size // n_heads
     rope = cfg.rope_theta
     if rope is None:
         params = getattr(target_config, "rope_parameters", None) or {}
+        params = params.get("full_attention", params)  # Gemma-3: one set per layer type
         rope = params.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
     return DSparkArch(
         vocab_size=info.vocab_size,
@@ -85,8 +89,11 @@ def check_compatible(arch: DSparkArch, info: TargetInfo, where: str = "draft") -
 
 
 def build_draft(arch: DSparkArch, target) -> DSparkDraft:
-    """A fresh draft with the target's embedding and lm_head copied in (frozen)."""
+    """A fresh draft with the target's embedding and lm_head copied in (frozen), and the
+    target's logit transform (soft-capping, scaling; None: raw lm_head logits), which training
+    applies to the target's distribution it distils from."""
     check_compatible(arch, target.info)
     draft = DSparkDraft(arch)
     draft.load_shared(target.embed_weight(), target.lm_head_weight())
+    draft.target_logit_transform = getattr(target, "logit_transform", None)
     return draft.to(target.device)

@@ -45,6 +45,7 @@ from splitserve.spec.context import StaticDraftContext
 from splitserve.spec.decode import pick_token
 from splitserve.spec.schedule import SCHEDULES, choose_prefix, linear_cost, prefix_survival, truncate_verify
 from splitserve.spec.verify import verify_block
+from splitserve.target.arch import text_config
 
 MODES = ("spec", "ar")
 
@@ -108,7 +109,7 @@ class Engine:
         self.cfg = cfg = cfg or EngineConfig()
         self.target, self.draft = target, draft
         self.device = target.device
-        max_pos = getattr(target.model.config, "max_position_embeddings", None)
+        max_pos = getattr(text_config(target.model.config), "max_position_embeddings", None)
         self.max_context = min(cfg.max_context, max_pos) if max_pos else cfg.max_context
         self.gamma = draft.arch.block_size if draft is not None else 0
         # γ+1 spare slots: a round at p <= max_context-1 writes up to p+γ.

@@ -255,6 +255,7 @@ def _publish(watchdog: Watchdog, fan: FanOutChannel, counters: ProducerCounters,
 def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, chan_kw: dict, draft_group, own_group,
                 reduce_device: torch.device, start: int, finished: int) -> None:
     from splitserve.target.hf import load_hf_target
+    from splitserve.target.shared_weights import SharedWeightsTarget
     from splitserve.train.heldout import evaluate_run
     from splitserve.train.loop import train
     from splitserve.train.partition import Partition
@@ -268,9 +269,10 @@ def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, chan_kw
         own_group=own_group,
     )
     # The draft copies the target's embedding and lm_head in at build time and uses nothing else
-    # of it while training, so the target stays in host memory: an 8B target would otherwise
-    # take ~16 GB of every draft rank's GPU. Rank 0 moves it over for the held-out evaluation.
-    target = load_hf_target(cfg.target, torch.device("cpu"))
+    # of it while training: only those two tensors are read from the checkpoint (an 8B target
+    # would otherwise cost its full size on every draft rank). Rank 0 loads the whole target
+    # for the held-out evaluation only.
+    target = SharedWeightsTarget(cfg.target)
     n = _broadcast_ints([0], roles.target_ranks[0])[0]
     spec = _spec(cfg, target.info)
     n_t = len(roles.target_ranks)
@@ -321,5 +323,4 @@ def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, chan_kw
               f"trainer wait {v.trainer_wait_fraction:.1%}, producer wait {v.producer_wait_fraction:.1%}\n"
               f"[split] {v.advice}", flush=True)
         if cfg.eval.enabled:
-            target.model.to(place.device)
-            evaluate_run(cfg, target, result.draft)
+            evaluate_run(cfg, load_hf_target(cfg.target, place.device), result.draft)

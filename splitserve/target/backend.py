@@ -37,6 +37,7 @@ class Capture:
 
 class TargetBackend(Protocol):
     info: TargetInfo
+    config: Any  # the target's HF config (a multimodal one nests its text config)
 
     def capture(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Capture:
         """Full-sequence capture for training. input_ids: (B, T). Never computes logits."""

@@ -2,6 +2,11 @@
 
 Hooks (rather than `output_hidden_states=True`) keep only the m layers we need, so an 8K-token
 sequence costs m+1 (T, D) tensors, not N+1. Logits are computed only where asked for.
+
+The model is reached through transformers' own accessors (`get_decoder`, `get_input_embeddings`,
+`get_output_embeddings`, `get_text_config`), so multimodal wrappers (Gemma-3 4B+) and other
+layouts work; what the config says about windows, logit transforms and recurrent layers is read
+by target/arch.py, before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from torch import nn
 
 from splitserve.assets import resolve_target_path
 from splitserve.config import TargetConfig
+from splitserve.target.arch import LogitTransform, UnsupportedTargetError, attention_layout, text_config
 from splitserve.target.backend import Capture, TargetInfo
 from splitserve.target.layers import check_layer_ids, default_layer_ids
 from splitserve.target.static_cache import StaticKVCache, visible_mask
@@ -27,20 +33,38 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def decoder_layers(decoder: nn.Module, num_layers: int, name: str = "target") -> nn.ModuleList:
+    """The decoder's list of its `num_layers` blocks: `layers` (Llama, Qwen, Gemma, NeoX), `h`
+    (GPT-2, Falcon, Bloom), or else its one ModuleList of that length."""
+    for attr in ("layers", "h", "blocks"):
+        mods = getattr(decoder, attr, None)
+        if isinstance(mods, nn.ModuleList) and len(mods) == num_layers:
+            return mods
+    found = [m for m in decoder.children() if isinstance(m, nn.ModuleList) and len(m) == num_layers]
+    if len(found) != 1:
+        raise UnsupportedTargetError(f"{name}: cannot find the {num_layers} decoder layers in "
+                                     f"{type(decoder).__name__} (found {len(found)} lists of that length)")
+    return found[0]
+
+
 class HFTarget:
-    """Implements `TargetBackend` over any transformers causal LM (Llama, Qwen, ...)."""
+    """Implements `TargetBackend` over any transformers causal LM (Llama, Qwen, Gemma, ...)."""
 
     def __init__(self, model: nn.Module, info: TargetInfo, tokenizer: Any = None):
         self.model = model.eval().requires_grad_(False)
+        self.config = model.config  # the whole HF config; its text part is text_config(config)
         self.info = info
         self.tokenizer = tokenizer
+        self.layout = attention_layout(model.config, where=info.name)
+        self.logit_transform = LogitTransform.from_config(model.config)
         self.decoder = model.get_decoder()
         # transformers renamed `past_key_values` to `cache` (5.x); accept either version.
         params = inspect.signature(self.decoder.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._captured: dict[int, torch.Tensor] = {}
+        layers = decoder_layers(self.decoder, info.num_layers, info.name)
         for layer_id in info.layer_ids:
-            self.decoder.layers[layer_id].register_forward_hook(self._hook(layer_id))
+            layers[layer_id].register_forward_hook(self._hook(layer_id))
 
     def _hook(self, layer_id: int):
         def save(_module, _inputs, output):
@@ -74,10 +98,19 @@ class HFTarget:
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: (1, T, D) final-norm states -> (1, T, V) float32 logits, transformed as the
+        target's own forward does (soft-capping, scaling)."""
+        return self.logit_transform(self.model.get_output_embeddings()(hidden).float())
+
     def new_cache(self) -> Any:
+        """A cache that keeps every position of every layer. Built from the config, transformers
+        gives sliding-window layers a cache that drops keys past the window, which cannot be
+        cropped back; kept whole, those layers get their window from the model's own sliding
+        mask instead, and a crop is exact."""
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        return DynamicCache()
 
     @torch.no_grad()
     def forward_cached(
@@ -85,9 +118,7 @@ class HFTarget:
     ) -> tuple[torch.Tensor, Capture]:
         """input_ids: (1, T) appended to cache -> logits (1, T - logits_from, V), aux (1, T, m*D)."""
         out = self.decoder(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache})
-        hidden = out.last_hidden_state[:, logits_from:]
-        logits = self.model.get_output_embeddings()(hidden).float()
-        return logits, Capture(aux=self._take_aux(), final=None)
+        return self._logits(out.last_hidden_state[:, logits_from:]), Capture(aux=self._take_aux(), final=None)
 
     def crop_cache(self, cache: Any, length: int) -> None:
         excess = cache.get_seq_length() - length
@@ -97,7 +128,7 @@ class HFTarget:
     # ---- static-shape decoding (serving) --------------------------------------------------
 
     def new_static_cache(self, max_len: int) -> StaticKVCache:
-        impl = getattr(self.model.config, "_attn_implementation", "sdpa")
+        impl = getattr(text_config(self.model.config), "_attn_implementation", "sdpa")
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"static decoding needs attn_implementation 'sdpa' or 'eager' (a 4D mask), got {impl!r}")
         return StaticKVCache(self.info.num_layers, max_len)
@@ -112,49 +143,109 @@ class HFTarget:
         are device tensors, every shape depends only on T and the window W (default: the whole
         cache; every position must be below it)."""
         cache.bind(positions, window)
-        mask = visible_mask(positions, cache.window)  # (1, 1, T, W) bool
-        if self.model.config._attn_implementation == "eager":  # eager adds the mask to the scores
-            mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(
-                ~mask, torch.finfo(self.dtype).min
-            )
-        out = self.decoder(input_ids=input_ids, position_ids=positions[None], attention_mask=mask, use_cache=True,
+        out = self.decoder(input_ids=input_ids, position_ids=positions[None],
+                           attention_mask=self._static_masks(positions, cache.window), use_cache=True,
                            **{self._cache_kw: cache})
-        hidden = out.last_hidden_state[:, logits_from:]
-        logits = self.model.get_output_embeddings()(hidden).float()
-        return logits, Capture(aux=self._take_aux(), final=None)
+        return self._logits(out.last_hidden_state[:, logits_from:]), Capture(aux=self._take_aux(), final=None)
+
+    def _static_masks(self, positions: torch.Tensor, width: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The 4-D mask(s) over the first `width` cache slots: one (1, 1, T, W) mask when every
+        layer has the same sliding window (or none), else one per layer type, the dict form the
+        model's forward takes as it is (Gemma-2/3: sliding layers interleaved with full ones)."""
+
+        def one(sliding_window: int | None) -> torch.Tensor:
+            mask = visible_mask(positions, width, sliding_window)  # (1, 1, T, W) bool
+            if text_config(self.model.config)._attn_implementation == "eager":  # eager adds it to the scores
+                return torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(
+                    ~mask, torch.finfo(self.dtype).min
+                )
+            return mask
+
+        windows = set(self.layout.windows)
+        if len(windows) == 1:
+            return one(windows.pop())
+        return {kind: one(w) for kind, w in self.layout.mask_keys().items()}
 
 
-def load_tokenizer(path: str):
+def hub_kwargs(cfg: TargetConfig) -> dict:
+    """target.revision and target.trust_remote_code, for every from_pretrained of the target."""
+    kw: dict = {"trust_remote_code": bool(cfg.trust_remote_code)}
+    if cfg.revision is not None:
+        kw["revision"] = cfg.revision
+    return kw
+
+
+def load_target_config(cfg: TargetConfig) -> Any:
+    """The target's HF config (no weights), checked for what cannot be served exactly:
+    UnsupportedTargetError names the architecture and why."""
+    from transformers import AutoConfig
+
+    path = resolve_target_path(cfg.path)
+    config = AutoConfig.from_pretrained(path, **hub_kwargs(cfg))
+    attention_layout(config, where=f"target {cfg.path}")
+    return config
+
+
+def load_tokenizer(path: str, **hub_kw):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path, **hub_kw)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device) -> nn.Module:
+def load_causal_lm(path: str, dtype: torch.dtype, device: torch.device, config: Any = None, **hub_kw) -> nn.Module:
     """A transformers causal LM, in eval mode, on `device`. On a GPU the weights go straight to
     it through a device map (accelerate): an 8B target never needs a full copy in host memory."""
     from transformers import AutoModelForCausalLM
 
     device_map = {"": device} if device.type == "cuda" else None
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map)
+    if config is not None:
+        hub_kw["config"] = config
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map, **hub_kw)
     return model.to(device).eval()
 
 
+def check_own_logits(target: HFTarget, num_tokens: int = 8) -> None:
+    """Refuse a target whose own forward computes its logits otherwise than lm_head(decoder
+    output) through the config's LogitTransform (a scaling or cap this code does not know), so
+    T>0 verification never silently samples from another distribution. One short forward."""
+    ids = torch.arange(num_tokens, device=target.device)[None] % target.info.vocab_size  # (1, n)
+    with torch.no_grad():
+        try:
+            own = target.model(input_ids=ids, use_cache=False).logits[0].float()  # (n, V)
+        except Exception:  # a wrapper whose forward wants more than token ids: nothing to compare
+            return
+        ours = target._logits(target.decoder(input_ids=ids, use_cache=False).last_hidden_state)[0]
+    rtol = 1e-4 if target.dtype == torch.float32 else 2e-2
+    err = float((ours - own).abs().max())
+    scale = float(own.abs().max()) or 1.0
+    target._captured.clear()
+    if err > rtol * scale:
+        raise UnsupportedTargetError(
+            f"{target.info.name}: {type(target.model).__name__} computes its logits in a way splitserve does not "
+            f"reproduce (max difference {err:.3g} at logit scale {scale:.3g}; from its config: "
+            f"{target.logit_transform})"
+        )
+
+
 def load_hf_target(cfg: TargetConfig, device: torch.device | None = None) -> HFTarget:
-    """Load a target per config: the embedded SmolLM2 or any local HF model directory."""
+    """Load a target per config: the embedded SmolLM2 or any local HF model directory. The
+    config is checked before any weight is read."""
     path = resolve_target_path(cfg.path)
     if cfg.dtype not in DTYPES:
         raise ValueError(f"target.dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
-    model = load_causal_lm(path, DTYPES[cfg.dtype], device or pick_device(cfg.device))
-    tokenizer = load_tokenizer(path)
-    return wrap_hf_model(model, cfg, tokenizer)
+    config = load_target_config(cfg)
+    model = load_causal_lm(path, DTYPES[cfg.dtype], device or pick_device(cfg.device), config, **hub_kwargs(cfg))
+    tokenizer = load_tokenizer(path, **hub_kwargs(cfg))
+    target = wrap_hf_model(model, cfg, tokenizer)
+    check_own_logits(target)
+    return target
 
 
 def _info_from_config(mc, cfg: TargetConfig, name: str, validate: bool = True) -> TargetInfo:
-    text_cfg = mc.get_text_config() if hasattr(mc, "get_text_config") else mc
+    text_cfg = text_config(mc)
     n_layers = int(text_cfg.num_hidden_layers)
     layer_ids = list(cfg.layer_ids) if cfg.layer_ids is not None else default_layer_ids(
         n_layers, cfg.num_capture_layers
@@ -173,9 +264,7 @@ def _info_from_config(mc, cfg: TargetConfig, name: str, validate: bool = True) -
 def peek_target_info(cfg: TargetConfig) -> TargetInfo:
     """The target's identity from its config.json alone: no weights are read. Layer ids are
     not validated here, so a caller can report a foreign draft's ids as a mismatch."""
-    from transformers import AutoConfig
-
-    return _info_from_config(AutoConfig.from_pretrained(resolve_target_path(cfg.path)), cfg, cfg.name, validate=False)
+    return _info_from_config(load_target_config(cfg), cfg, cfg.name, validate=False)
 
 
 def wrap_hf_model(model: nn.Module, cfg: TargetConfig, tokenizer: Any = None, name: str | None = None) -> HFTarget:

@@ -39,7 +39,7 @@ import torch
 from splitserve.assets import resolve_target_path
 from splitserve.config import TargetConfig
 from splitserve.target.backend import Capture, TargetInfo
-from splitserve.target.hf import DTYPES, _info_from_config, load_tokenizer
+from splitserve.target.hf import DTYPES, _info_from_config, hub_kwargs, load_target_config, load_tokenizer
 
 DECODE_MESSAGE = (
     "the sglang target backend only captures hidden states (train, dump); speculative decoding "
@@ -162,7 +162,8 @@ class SGLangTarget:
     def __init__(self, runner, info: TargetInfo, tokenizer: Any = None, gpu_id: int = 0):
         self.runner = runner
         self._device = torch.device("cuda", gpu_id)
-        self.model = runner.model  # its .config is the target's HF config (read by resolve_arch)
+        self.model = runner.model
+        self.config = runner.model.config  # the target's HF config (read by resolve_arch)
         self.info = info
         self.tokenizer = tokenizer
         self._final: torch.Tensor | None = None
@@ -292,9 +293,7 @@ def load_sglang_target(cfg: TargetConfig, device: torch.device | str | None = No
         raise SGLangUnavailable("target.backend=sglang cannot start: " + "; ".join(problems))
     if cfg.dtype not in DTYPES:
         raise ValueError(f"target.dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
-    from transformers import AutoConfig
-
     path = resolve_target_path(cfg.path)
-    info = _info_from_config(AutoConfig.from_pretrained(path), cfg, cfg.name)
+    info = _info_from_config(load_target_config(cfg), cfg, cfg.name)
     gpu_id = _gpu_index(where)
-    return SGLangTarget(start_runner(path, cfg, gpu_id), info, load_tokenizer(path), gpu_id)
+    return SGLangTarget(start_runner(path, cfg, gpu_id), info, load_tokenizer(path, **hub_kwargs(cfg)), gpu_id)

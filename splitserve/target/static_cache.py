@@ -11,7 +11,9 @@ stale entries beyond it are masked out and later overwritten. Every shape is fix
 Attention window: `bind(positions, window=W)` makes the next forward attend to slots 0..W-1
 only, not the whole buffer. The caller picks W >= every position written, so nothing visible
 is cut; a short chat in a long-context server then pays attention over its live prefix rather
-than over `max_len` slots (one CUDA graph per window, serve/engine.py).
+than over `max_len` slots (one CUDA graph per window, serve/engine.py). This window is the
+engine's, not the model's: a sliding-window layer's own window is applied by its mask
+(`visible_mask(..., sliding_window)`), over the same buffers.
 
 Duck-typed to the transformers cache protocol (`update(k, v, layer_idx, ...)`), so any HF
 decoder that calls `cache.update` inside its attention works unchanged.
@@ -57,11 +59,17 @@ class StaticKVCache:
         raise RuntimeError("StaticKVCache has no host-side length: pass position_ids explicitly")
 
 
-def visible_mask(positions: torch.Tensor, max_len: int) -> torch.Tensor:
+def visible_mask(positions: torch.Tensor, max_len: int, sliding_window: int | None = None) -> torch.Tensor:
     """positions: (T,) absolute positions of the new tokens -> (1, 1, T, L) bool.
 
     Query i sees cache slot j iff j <= positions[i]: the committed prefix (< positions[0]) plus
     the new tokens up to itself. Stale slots from rejected drafts are all above and stay hidden.
+    A sliding-window layer (window W) also hides slots j <= positions[i] - W, as transformers'
+    own sliding masks do: the cache keeps every slot, the mask applies the window, so a rewind
+    needs no slot the window has already passed.
     """
     slots = torch.arange(max_len, device=positions.device)
-    return (slots[None, :] <= positions[:, None])[None, None]
+    visible = slots[None, :] <= positions[:, None]  # (T, L)
+    if sliding_window is not None:
+        visible &= slots[None, :] > positions[:, None] - sliding_window
+    return visible[None, None]

@@ -151,7 +151,7 @@ def train(
     device = pick_device(cfg.train.device)
     target = target or load_target(cfg.target, device)
     torch.manual_seed(cfg.train.seed)
-    arch = resolve_arch(cfg.draft, target.info, target.model.config, target.tokenizer)
+    arch = resolve_arch(cfg.draft, target.info, target.config, target.tokenizer)
     draft = build_draft(arch, target).float().to(device)
     if part.writer:
         save_arch(run_dir, arch, cfg.target.path)

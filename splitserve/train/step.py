@@ -121,6 +121,9 @@ def draft_loss(
     with torch.no_grad():
         # Target's distribution for token a+k comes from its final hidden state at a+k-1.
         target_logits = draft.lm_head(batch.final[bi, label_pos - 1].to(h_sel.dtype))
+        transform = getattr(draft, "target_logit_transform", None)  # the target's soft-cap / scaling
+        if transform is not None:
+            target_logits = transform(target_logits)
     inputs = LossInputs(
         draft_logits=draft.head_logits(h_sel, z[sel] if z is not None else None),
         target_logits=target_logits,

@@ -1,0 +1,274 @@
+"""The architecture matrix: tiny random targets of each family a user brings, saved as HF
+directories with SmolLM2's tokenizer and chat template, and the checks every served one must
+pass (tests/test_target_matrix.py runs them; bench/target_matrix.py writes docs/targets.md).
+
+Windowed families get a sliding window of 8 tokens, shorter than any chat prompt here plus
+its generation, so a cache or mask that ignores the window gives other tokens. Every lm_head
+is untied, x20, with rows of log-normally spread scales: over a 49k vocabulary, i.i.d. logits
+leave ~1% of greedy picks a near tie another code path could flip; spread rows leave ~0.05%.
+Every greedy pick compared across two code paths is checked to be no near tie
+(floats.assert_tie_free); an architecture whose default seed meets one gets another in SEEDS.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+WINDOW = 8
+NEW_TOKENS = 16
+SEEDS = {"llama": 1}  # arch -> a seed whose greedy picks here are no near ties
+# Gemma-2 soft-caps its logits at 30: larger raw logits would all saturate into near ties.
+HEAD_SCALE = {"gemma2": 2.0}
+CHAT = [{"role": "user", "content": "Tell me about the weather at the coast in spring, please."}]
+
+
+def _common(vocab: int, bos: int, eos: int) -> dict:
+    return dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=bos,
+                eos_token_id=eos, pad_token_id=eos)
+
+
+def _gemma3_text(c: dict) -> dict:
+    return dict(c, head_dim=8, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"] * 2)
+
+
+def build_config(arch: str, vocab: int, bos: int, eos: int):
+    """A tiny config of `arch` (a key of ARCHS)."""
+    import transformers as tf
+
+    c = _common(vocab, bos, eos)
+    if arch == "llama":
+        return tf.LlamaConfig(**c)
+    if arch == "qwen2":
+        return tf.Qwen2Config(**c)
+    if arch == "qwen3":
+        return tf.Qwen3Config(**c, head_dim=8)
+    if arch == "qwen3-moe":
+        return tf.Qwen3MoeConfig(**c, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    if arch == "mistral-window":
+        return tf.MistralConfig(**c, sliding_window=WINDOW)
+    if arch == "gemma2":
+        return tf.Gemma2Config(**c, head_dim=8, sliding_window=WINDOW)  # soft-caps its logits at 30
+    if arch == "gemma3-text":
+        return tf.Gemma3TextConfig(**_gemma3_text(c))
+    if arch == "gemma3-multimodal":  # the 4B+ layout: the text config is nested under a vision tower
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      image_size=28, patch_size=14)
+        return tf.Gemma3Config(text_config=_gemma3_text(c), vision_config=vision, mm_tokens_per_image=4,
+                               eos_token_id=eos, pad_token_id=eos, bos_token_id=bos)
+    if arch == "phi3":
+        return tf.Phi3Config(**c)
+    if arch == "granite":
+        return tf.GraniteConfig(**c, logits_scaling=4.0)  # divides its logits
+    if arch == "gpt-neox":
+        return tf.GPTNeoXConfig(**{k: v for k, v in c.items() if k != "num_key_value_heads"})
+    if arch == "qwen3-next":  # hybrid: linear-attention (gated delta net) layers among full ones
+        return tf.Qwen3NextConfig(**c, head_dim=8, architectures=["Qwen3NextForCausalLM"],
+                                  layer_types=["linear_attention", "full_attention"] * 2, num_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=32)
+    raise KeyError(arch)
+
+
+SERVED = ("llama", "qwen2", "qwen3", "qwen3-moe", "mistral-window", "gemma2", "gemma3-text", "gemma3-multimodal",
+          "phi3", "granite", "gpt-neox")
+REFUSED = ("qwen3-next",)
+ARCHS = SERVED + REFUSED
+
+
+def save_tiny(arch: str, out: Path, seed: int = 0) -> Path:
+    """A tiny random `arch` target saved at `out` with SmolLM2's tokenizer; a refused
+    architecture gets its config.json only (it must be refused before any weight is read)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from splitserve.assets import smollm2_dir
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir())
+    cfg = build_config(arch, len(tok), tok.bos_token_id, tok.eos_token_id)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(out)
+    if arch in REFUSED:
+        cfg.save_pretrained(out)
+        return out
+    torch.manual_seed(SEEDS.get(arch, seed))
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # rows of spread scales: the top logit stands out, as in trained models
+        head = model.get_output_embeddings().weight  # (V, D)
+        head.mul_(HEAD_SCALE.get(arch, 20.0) * torch.exp(torch.randn(head.shape[0], 1)))
+    model.save_pretrained(out)
+    return out
+
+
+@dataclass
+class Row:
+    """One architecture's results: True passed, False failed, None not applicable."""
+
+    arch: str
+    model_class: str
+    windows: str
+    logits: str
+    train: bool | None = None
+    exact: bool | None = None
+    export: bool | None = None
+    serve_equal: bool | None = None
+    t1_logits: bool | None = None
+    refused: str | None = None
+
+
+def run_config(target_dir: Path, run_dir: Path, arch: str):
+    from splitserve.config import DataConfig, DraftConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
+
+    return RunConfig(
+        target=TargetConfig(name=arch, path=str(target_dir), device="cpu", layer_ids=[0, 1, 2]),
+        draft=DraftConfig(block_size=4, num_layers=1, markov_rank=8),
+        data=DataConfig(max_length=64, max_samples=8),
+        train=TrainConfig(max_steps=3, batch_size=2, anchors_per_seq=4, warmup_steps=0, log_every=3, save_every=3,
+                          device="cpu", lr=3e-3),
+        eval=EvalConfig(num_prompts=2, max_new_tokens=NEW_TOKENS, compare_untrained=False, calibrate=False),
+        run_dir=str(run_dir),
+    )
+
+
+def chat_ids(tokenizer) -> list[int]:
+    ids = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def assert_no_near_ties(target, prompt: list[int], tokens: list[int]) -> None:
+    """Each greedy pick of `tokens` after `prompt` wins by more than float32 drift, so two code
+    paths (chunked rounds vs one token a step, static vs dynamic cache) cannot flip it."""
+    from floats import assert_tie_free
+
+    with torch.no_grad():
+        logits = target.model(torch.tensor([prompt + tokens])).logits[0].float()  # (P+N, V)
+    assert_tie_free(logits[len(prompt) - 1 : len(prompt) + len(tokens) - 1], "greedy continuation")
+
+
+def logits_match(target, ids: list[int]) -> bool:
+    """The logits speculative verification samples from (cached and static paths) equal the
+    architecture's own forward logits, soft-capping and scaling included."""
+    from floats import assert_float32_close
+
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        want = target.model(x).logits[0].float()  # (T, V)
+    got_cached, _ = target.forward_cached(x, target.new_cache())
+    cache = target.new_static_cache(len(ids) + 4)
+    got_static, _ = target.forward_static(x, cache, torch.arange(len(ids)))
+    assert_float32_close(got_cached[0], want)
+    assert_float32_close(got_static[0], want)
+    return True
+
+
+def check_served(arch: str, work: Path) -> Row:
+    """Train a few steps, evaluate exactness on held-out prompts, export and reload, and compare
+    the serving engine with transformers' greedy `generate` on a chat prompt."""
+    from floats import assert_float32_close
+
+    from splitserve.export import export_draft
+    from splitserve.models.io import load_draft
+    from splitserve.serve.config import EngineConfig, ModelsConfig
+    from splitserve.serve.engine import Engine, SamplingParams
+    from splitserve.serve.loading import load_models
+    from splitserve.spec.evaluate import evaluate
+    from splitserve.target.eos import eos_ids
+    from splitserve.train.heldout import load_prompt_ids
+    from splitserve.train.loop import train
+
+    target_dir = save_tiny(arch, work / "target")
+    cfg = run_config(target_dir, work / "run", arch)
+    result = train(cfg)
+    target, draft = result.target, result.draft
+    row = Row(arch, type(target.model).__name__, _windows(target), _transform(target))
+    row.train = result.state.step == cfg.train.max_steps
+
+    prompts = load_prompt_ids("chitchat", target.tokenizer, cfg.eval.num_prompts)
+    report = evaluate(target, draft, prompts, NEW_TOKENS, eos_ids=eos_ids(target))
+    for p, r in zip(prompts, report.results):
+        assert_no_near_ties(target, p, r.tokens)
+    row.exact = report.exact_matches == len(prompts)
+
+    out = export_draft(draft, work / "export", target.info)
+    reloaded = load_draft(out, target)
+    block = torch.tensor([prompts[0][:4]])
+    with torch.no_grad():
+        pos = torch.arange(4)[None]
+        aux = target.capture(torch.tensor([prompts[0]])).aux
+        ctx_a, ctx_b = draft.context_kv(aux, torch.arange(aux.shape[1])[None]), reloaded.context_kv(
+            aux, torch.arange(aux.shape[1])[None])
+        h_a = draft.backbone(draft.block_inputs(block[:, 0]), pos + aux.shape[1], ctx_a, None)
+        h_b = reloaded.backbone(reloaded.block_inputs(block[:, 0]), pos + aux.shape[1], ctx_b, None)
+        assert_float32_close(reloaded.logits(h_b, block), draft.logits(h_a, block))
+    row.export = all(torch.equal(v, reloaded.state_dict()[k]) for k, v in draft.state_dict().items())
+
+    served_target, served_draft = load_models(ModelsConfig(draft=str(out), target=str(target_dir), device="cpu",
+                                                           dtype="float32"))
+    ids = chat_ids(served_target.tokenizer)
+    eos = eos_ids(served_target)
+    engine = Engine(served_target, served_draft, EngineConfig(max_context=len(ids) + NEW_TOKENS + 8))
+    got = engine.generate(ids, SamplingParams(max_tokens=NEW_TOKENS, eos_ids=eos)).tokens
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        gen = served_target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW_TOKENS,
+                                           do_sample=False)[0, len(ids):].tolist()
+    want = next((gen[: i + 1] for i, t in enumerate(gen) if t in eos), gen)
+    assert_no_near_ties(served_target, ids, want)
+    row.serve_equal = got == want
+    row.t1_logits = logits_match(served_target, ids)
+    return row
+
+
+def check_refused(arch: str, work: Path) -> Row:
+    """A refused architecture fails at start, from its config alone (no weights are saved)."""
+    from splitserve.config import TargetConfig
+    from splitserve.target.arch import UnsupportedTargetError
+    from splitserve.target.hf import load_hf_target
+
+    target_dir = save_tiny(arch, work / "target")
+    cfg = json.loads((target_dir / "config.json").read_text())
+    row = Row(arch, (cfg.get("architectures") or ["?"])[0], "-", "-")
+    try:
+        load_hf_target(TargetConfig(name=arch, path=str(target_dir), device="cpu"))
+    except UnsupportedTargetError as exc:
+        row.refused = str(exc)
+    return row
+
+
+def _windows(target) -> str:
+    ws = target.layout.windows
+    if not any(w is not None for w in ws):
+        return "full"
+    return " ".join("full" if w is None else f"sw{w}" for w in ws)
+
+
+def _transform(target) -> str:
+    t = target.logit_transform
+    parts = []
+    if t.multiplier != 1.0:
+        parts.append(f"x{t.multiplier:g}")
+    if t.divisor != 1.0:
+        parts.append(f"/{t.divisor:g}")
+    if t.softcap is not None:
+        parts.append(f"softcap {t.softcap:g}")
+    return ", ".join(parts) or "raw"
+
+
+def _mark(v: bool | None) -> str:
+    return {True: "yes", False: "**NO**", None: "-"}[v]
+
+
+def markdown(rows: list[Row]) -> str:
+    head = ("| architecture | class | layer windows | logits | train | greedy exact | export round trip "
+            "| serve = generate | T=1 logits |\n|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        if r.refused is not None or r.arch in REFUSED:
+            why = r.refused.split(": ", 1)[-1] if r.refused else "**NOT REFUSED**"  # without the local path
+            lines.append(f"| {r.arch} | {r.model_class} | refused at start: {why} | | | | | | |")
+        else:
+            lines.append(f"| {r.arch} | {r.model_class} | {r.windows} | {r.logits} | {_mark(r.train)} | "
+                         f"{_mark(r.exact)} | {_mark(r.export)} | {_mark(r.serve_equal)} | {_mark(r.t1_logits)} |")
+    return head + "\n".join(lines) + "\n"

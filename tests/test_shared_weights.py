@@ -1,0 +1,77 @@
+"""Draft ranks read only the embedding and lm_head from the target's safetensors: tied and
+untied, one file or sharded, renamed (GPT-NeoX) or nested (Gemma-3 multimodal) names, and never
+the whole model."""
+
+import pytest
+import torch
+import transformers as tf
+
+from splitserve.config import DraftConfig, TargetConfig
+from splitserve.models.build import build_draft, resolve_arch
+from splitserve.target.shared_weights import SharedWeightsTarget, find_key, read_shared_weights
+
+V = 64
+SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128)
+MULTIMODAL_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         image_size=28, patch_size=14)
+
+CASES = {
+    "llama-tied": (lambda: tf.LlamaConfig(**SMALL, tie_word_embeddings=True), None),
+    "llama-sharded": (lambda: tf.LlamaConfig(**SMALL, tie_word_embeddings=False), "20KB"),
+    "gpt-neox": (lambda: tf.GPTNeoXConfig(**{k: v for k, v in SMALL.items() if k != "num_key_value_heads"}), None),
+    "gemma3-multimodal": (lambda: tf.Gemma3Config(text_config=dict(SMALL, head_dim=8, tie_word_embeddings=False),
+                                                  vision_config=MULTIMODAL_VISION, mm_tokens_per_image=4), "50KB"),
+}
+
+
+@pytest.fixture(params=sorted(CASES))
+def saved(request, tmp_path):
+    make, shard = CASES[request.param]
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(make())
+    model.save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))
+    if shard:
+        assert (tmp_path / "model.safetensors.index.json").exists()
+    return model, TargetConfig(name=request.param, path=str(tmp_path), device="cpu", layer_ids=[0])
+
+
+def test_reads_exactly_the_models_shared_tensors(saved, monkeypatch):
+    model, cfg = saved
+
+    def no_weights(*a, **k):
+        raise AssertionError("the whole model was loaded")
+
+    monkeypatch.setattr(tf.AutoModelForCausalLM, "from_pretrained", no_weights)
+    embed, head = read_shared_weights(cfg)
+    assert torch.equal(embed, model.get_input_embeddings().weight)  # same bytes, read back
+    assert torch.equal(head, model.get_output_embeddings().weight)
+
+
+def test_prefixes_match_by_tail_and_shape():
+    ckpt = {"language_model.model.embed_tokens.weight": "a", "language_model.lm_head.weight": "a",
+            "vision_tower.embeddings.patch_embedding.weight": "a"}
+    candidates = {k: k for k in ckpt if "vision" not in k}
+    want = "language_model.model.embed_tokens.weight"
+    assert find_key("model.language_model.embed_tokens.weight", candidates) == want
+    assert find_key("lm_head.weight", candidates) == "language_model.lm_head.weight"
+    assert find_key("model.norm.weight", candidates) is None  # one shared component ("weight") is not a match
+
+
+def test_stand_in_builds_the_same_draft_as_the_full_target(tiny_smol_dir, monkeypatch):
+    from splitserve.target.hf import load_hf_target
+
+    cfg = TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), device="cpu", layer_ids=[0, 1, 2])
+    full = load_hf_target(cfg)
+    monkeypatch.setattr(tf.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: 1 / 0)
+    light = SharedWeightsTarget(cfg)
+    assert light.info == full.info
+    arch_full = resolve_arch(DraftConfig(num_layers=1), full.info, full.config, full.tokenizer)
+    arch_light = resolve_arch(DraftConfig(num_layers=1), light.info, light.config, light.tokenizer)
+    assert arch_full == arch_light
+    torch.manual_seed(0)
+    a = build_draft(arch_full, full)
+    torch.manual_seed(0)
+    b = build_draft(arch_light, light)
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
