@@ -69,6 +69,18 @@ def _save_resolved(cfg, run_dir: Path) -> None:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
 
+def add_hub_args(p: argparse.ArgumentParser) -> None:
+    """--revision / --trust-remote-code for every command that loads the target (train and
+    dump take them as target.revision / target.trust_remote_code)."""
+    p.add_argument("--revision", default=None, help="a branch, tag or commit of a hub target (from_pretrained)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="run the target's own modelling code from its directory (from_pretrained)")
+
+
+def hub_kw(args) -> dict:
+    return {"revision": args.revision, "trust_remote_code": args.trust_remote_code}
+
+
 def hydra_app(command: str, argv: list[str]) -> None:
     import hydra
 
@@ -132,6 +144,7 @@ def eval_main(argv: list[str]) -> None:
                    help="Jinja file replacing the target's chat template (as data.chat_template in training)")
     p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help='handed to the chat template, e.g. \'{"enable_thinking": false}\'')
+    add_hub_args(p)
     args = p.parse_args(argv)
 
     from splitserve.config import TargetConfig
@@ -146,7 +159,7 @@ def eval_main(argv: list[str]) -> None:
     check_prompts(args.prompts, "--prompts")
     target_path = args.target or run_target or "smollm2-135m"
     tcfg = TargetConfig(name=Path(target_path).name, path=target_path, dtype=args.dtype, device=args.device,
-                        layer_ids=list(arch.target_layer_ids))
+                        layer_ids=list(arch.target_layer_ids), **hub_kw(args))
     # Refuse a draft made for another target before loading any weights.
     check_compatible(arch, peek_target_info(tcfg), where=f"draft {args.draft}")
     target = load_hf_target(tcfg)
@@ -187,6 +200,7 @@ def export_main(argv: list[str]) -> None:
     p.add_argument("--keep-fp32", action="store_true",
                    help="speculators format: keep float32 weights (default: bfloat16); refused for sglang")
     p.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    add_hub_args(p)
     args = p.parse_args(argv)
     if args.format == "sglang" and (args.keep_fp32 or args.algorithm == "dflash"):
         from splitserve.export.sglang import refuse_options
@@ -204,7 +218,7 @@ def export_main(argv: list[str]) -> None:
     target_path = args.target or run_target or "smollm2-135m"
     # An export needs of the target only its embedding and lm_head: two tensors, not the model.
     target = SharedWeightsTarget(TargetConfig(name=arch.target_name or Path(target_path).name, path=target_path,
-                                              layer_ids=list(arch.target_layer_ids), device="cpu"))
+                                              layer_ids=list(arch.target_layer_ids), device="cpu", **hub_kw(args)))
     draft = load_draft(args.run_dir, target)
     calibration = load_calibration(args.run_dir)
     if out_dir.exists():  # --force: replaced whole, so no file of the old export survives
@@ -261,6 +275,7 @@ def calibrate_main(argv: list[str]) -> None:
                    help="sampling temperature to calibrate at (repeatable; default: the run's eval temperature)")
     p.add_argument("--bins", type=int, default=None, help="ECE bins (default: the run's eval.calibration_bins or 10)")
     p.add_argument("--device", default="auto")
+    add_hub_args(p)
     args = p.parse_args(argv)
 
     from splitserve.config import TargetConfig
@@ -275,7 +290,7 @@ def calibrate_main(argv: list[str]) -> None:
     arch, _, run_target = draft_meta(args.run_dir, "RUN_DIR")
     target_path = args.target or run_target or "smollm2-135m"
     target = load_hf_target(TargetConfig(name=arch.target_name or Path(target_path).name, path=target_path,
-                                         layer_ids=list(arch.target_layer_ids), device=args.device))
+                                         layer_ids=list(arch.target_layer_ids), device=args.device, **hub_kw(args)))
     draft = load_draft(args.run_dir, target)
     prompts_from = args.prompts or data.get("heldout_prompts", "chitchat")
     from splitserve.data import ChatTemplate
@@ -400,6 +415,7 @@ def _models_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target name or HF directory (default: the draft run's own)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 elsewhere) | float32 | bfloat16")
+    add_hub_args(p)
     p.add_argument("--max-model-len", "--max-context", dest="max_context", type=int, default=4096,
                    help="prompt + generated tokens per request (vLLM's name; --max-context is the old one)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run the round eagerly on CUDA too")
@@ -419,7 +435,7 @@ def _models_args(p: argparse.ArgumentParser) -> None:
 def _models_and_engine(args):
     from splitserve.serve.config import EngineConfig, ModelsConfig
 
-    return (ModelsConfig(draft=args.draft, target=args.target, device=args.device, dtype=args.dtype),
+    return (ModelsConfig(draft=args.draft, target=args.target, device=args.device, dtype=args.dtype, **hub_kw(args)),
             EngineConfig(max_context=args.max_context, use_cuda_graphs=not args.no_cuda_graphs,
                          verify_kernel=args.verify_kernel, verify_schedule=args.verify_schedule,
                          compile_backend="inductor" if args.compile else None, min_window=args.min_window,

@@ -284,3 +284,34 @@ def test_an_unknown_logit_transform_is_refused_at_load(tiny_smol_dir, monkeypatc
     monkeypatch.setattr(tf.LlamaForCausalLM, "forward", scaled)
     with pytest.raises(UnsupportedTargetError, match="computes its logits in a way"):
         load_hf_target(cfg)
+
+
+@pytest.mark.parametrize("command", ["eval", "calibrate", "export", "serve", "bench"])
+def test_every_command_that_loads_the_target_passes_revision_and_trust(command, tiny_smol_dir, tmp_path, monkeypatch):
+    """--revision / --trust-remote-code reach the TargetConfig each command builds (train and dump
+    take target.revision / target.trust_remote_code through Hydra)."""
+    from tiny import export_tiny_draft
+
+    import splitserve.target.hf as hf
+    import splitserve.target.shared_weights as sw
+    from splitserve.cli import main
+
+    draft = export_tiny_draft(tiny_smol_dir, tmp_path / "draft")
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(cfg, *a, **k):
+        seen.append((cfg.revision, cfg.trust_remote_code))
+        raise Stop
+
+    monkeypatch.setattr(hf, "peek_target_info", capture)
+    monkeypatch.setattr(hf, "load_hf_target", capture)
+    monkeypatch.setattr(sw.SharedWeightsTarget, "__init__", lambda self, cfg, *a, **k: capture(cfg))
+    args = {"eval": ["eval", "--draft", str(draft)], "calibrate": ["calibrate", str(draft)],
+            "export": ["export", str(draft), str(tmp_path / "out")],
+            "serve": ["serve", "--draft", str(draft), "--port", "0"], "bench": ["bench", "--draft", str(draft)]}[command]
+    with pytest.raises(Stop):
+        main([*args, "--target", str(tiny_smol_dir), "--revision", "v2", "--trust-remote-code"])
+    assert seen == [("v2", True)]

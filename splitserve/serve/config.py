@@ -13,6 +13,8 @@ class ModelsConfig:
     target: str | None = None  # HF directory or "smollm2-135m"; None: the draft run's own target
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bfloat16 on CUDA, float32 elsewhere) | float32 | bfloat16 | float16
+    revision: str | None = None  # target.revision: a hub target's branch, tag or commit
+    trust_remote_code: bool = False  # target.trust_remote_code: run the target's own modelling code
 
 
 @dataclass

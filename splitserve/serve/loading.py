@@ -27,7 +27,8 @@ def target_config_for(cfg: ModelsConfig) -> tuple[TargetConfig, object]:
     arch, _, run_target = read_draft_meta(cfg.draft)
     target_path = cfg.target or run_target or "smollm2-135m"
     tcfg = TargetConfig(name=Path(target_path).name, path=target_path, device=cfg.device,
-                        dtype=resolve_dtype(cfg.dtype, cfg.device), layer_ids=list(arch.target_layer_ids))
+                        dtype=resolve_dtype(cfg.dtype, cfg.device), layer_ids=list(arch.target_layer_ids),
+                        revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
     return tcfg, arch
 
 
