@@ -34,9 +34,7 @@ def check_train_data(cfg) -> None:
 
     if not cfg.data.dump_dir:
         path = resolve_train_path(cfg.data.train_path)
-        if next(iter_rows(path), None) is None:
-            raise DataError(f"{path}: no rows (the file is empty); data.train_path must name chat data")
-        for _ in iter_rows(path):  # a bad byte or line anywhere, named by its row
+        for _ in iter_rows(path):  # an empty file, or a bad byte or line anywhere, named by its row
             pass
     if cfg.eval.enabled:
         path = resolve_prompts_path(cfg.data.heldout_prompts)

@@ -13,6 +13,7 @@ a turn as the model saw it. Any fault raises a `DataError` naming the row and th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from splitserve.data.rows import DataError
@@ -44,16 +45,22 @@ def _message(role: str, content: Any, src: dict, where: str, j: int, key: str) -
     return msg
 
 
-def _openai(raw: Any, where: str) -> list[Message]:
+def _turns(raw: Any, where: str, key: str, fields: tuple[str, str]) -> Iterator[tuple[int, dict]]:
+    """(index, turn) of a row's turn list, each checked to be an object holding `fields`."""
     if not isinstance(raw, list):
-        raise DataError(f"{where}: 'messages' must be a list, got {type(raw).__name__}")
+        raise DataError(f"{where}: '{key}' must be a list, got {type(raw).__name__}")
+    for j, turn in enumerate(raw):
+        if not isinstance(turn, dict):
+            raise DataError(f"{where}: {key}[{j}] must be an object, got {type(turn).__name__}")
+        for name in fields:
+            if name not in turn:
+                raise DataError(f"{where}: {key}[{j}] is missing '{name}'")
+        yield j, turn
+
+
+def _openai(raw: Any, where: str) -> list[Message]:
     messages: list[Message] = []
-    for j, msg in enumerate(raw):
-        if not isinstance(msg, dict):
-            raise DataError(f"{where}: messages[{j}] must be an object, got {type(msg).__name__}")
-        for key in ("role", "content"):
-            if key not in msg:
-                raise DataError(f"{where}: messages[{j}] is missing '{key}'")
+    for j, msg in _turns(raw, where, "messages", ("role", "content")):
         if msg["role"] not in ROLES:
             raise DataError(f"{where}: messages[{j}] has unknown role {msg['role']!r} (expected one of {ROLES})")
         messages.append(_message(msg["role"], msg["content"], msg, where, j, "messages"))
@@ -61,15 +68,8 @@ def _openai(raw: Any, where: str) -> list[Message]:
 
 
 def _sharegpt(raw: Any, where: str) -> list[Message]:
-    if not isinstance(raw, list):
-        raise DataError(f"{where}: 'conversations' must be a list, got {type(raw).__name__}")
     messages: list[Message] = []
-    for j, turn in enumerate(raw):
-        if not isinstance(turn, dict):
-            raise DataError(f"{where}: conversations[{j}] must be an object, got {type(turn).__name__}")
-        for key in ("from", "value"):
-            if key not in turn:
-                raise DataError(f"{where}: conversations[{j}] is missing '{key}'")
+    for j, turn in _turns(raw, where, "conversations", ("from", "value")):
         speaker = turn["from"]
         role = SHAREGPT_ROLES.get(speaker.lower()) if isinstance(speaker, str) else None
         if role is None:

@@ -14,16 +14,15 @@ prompt-to-prompt spread; τ is pooled as everywhere else: committed tokens / rou
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from splitserve.report.runs import TRAINED_KEY as KEY
 from splitserve.report.runs import RunSummary, read_json
 
 BASELINES = (("paper-defined", "dflash_ce"), ("head-only", None))  # None: the DSpark run's own loss
-KEY = re.compile(r"^trained(?:\[(?P<set>[^\]]+)\])?(?:@T=(?P<t>[0-9.e+-]+))?$")
 
 
 @dataclass
@@ -86,15 +85,16 @@ def _match(run: RunSummary, base: RunSummary) -> bool:
 
 def ratio_rows(runs: list[RunSummary], labels: dict[str, str], samples: int = 10_000) -> list[Ratio]:
     rows = []
+    entries = {r.name: eval_entries(r, _set_name(r)) for r in runs if r.complete}  # each eval.json read once
     dspark = [r for r in runs if r.complete and (r.markov_rank or 0) > 0]
     for run in dspark:
-        mine = eval_entries(run, _set_name(run))
+        mine = entries[run.name]
         for baseline, loss in BASELINES:
             want = loss or run.loss
             if loss is None and run.loss == "dflash_ce":
                 continue  # a CE-only DSpark run: its head-only baseline is the paper-defined one
             for base in (b for b in runs if b.complete and _match(run, b) and b.loss == want):
-                theirs = eval_entries(base, _set_name(base))
+                theirs = entries[base.name]
                 for key in sorted(set(mine) & set(theirs)):
                     a, b = mine[key], theirs[key]
                     if a.prompts != b.prompts or not len(a.tokens):

@@ -12,6 +12,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+# eval.json keys of the trained draft: "trained", "trained@T=1", "trained[humaneval]@T=1"; no
+# set means the run's own held-out prompts (data.heldout_prompts).
+TRAINED_KEY = re.compile(r"^trained(?:\[(?P<set>[^\]]+)\])?(?:@T=(?P<t>[0-9.e+-]+))?$")
 RUN_MARKERS = (".hydra", "config.yaml", "metrics.jsonl", "draft_arch.json")
 SKIP_DIRS = ("wandb", "checkpoints")  # never run dirs themselves (wandb writes a config.yaml too)
 # Training-length overrides: runs that differ only in these are points on one τ-vs-tokens line.
@@ -182,7 +185,8 @@ def read_run(path: Path, sweep_dir: Path) -> RunSummary:
                 point = _eval_point(entry)
             except (KeyError, TypeError, ValueError):
                 continue
-            if name.startswith("trained") and "[" not in name:  # "trained[<set>]": another prompt set
+            key = TRAINED_KEY.match(name)
+            if key and key["set"] is None:  # "trained[<set>]" entries are other prompt sets
                 s.trained.setdefault(point.temperature, point)
             elif name == "untrained":
                 s.untrained = point
