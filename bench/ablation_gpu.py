@@ -55,7 +55,7 @@ from splitserve.train.checkpoint import checkpoint_dirs  # noqa: E402
 # twice: on CE alone (loss=dflash_ce, the paper's baseline: the "paper-defined" ratio) and on the
 # DSpark paper loss (the "head-only" ratio). After them, runs chosen only by --runs: the other
 # Markov head forms at γ=16 and the further acceptance-aware losses. The report names the
-# baseline of every ratio (splitserve/report/ratios.py).
+# baseline of every ratio (splitserve/evaluation/report/ratios.py).
 RUNS = [("dspark_b8", "paper"), ("dspark_b8", "prefix"), ("dspark_b16", "paper"), ("dspark_b16", "prefix"),
         ("dflash_b8", "dflash_ce"), ("dflash_b16", "dflash_ce"), ("dflash_b8", "paper"), ("dflash_b16", "paper"),
         ("dspark_b16_gated", "prefix"), ("dspark_b16_rnn", "prefix"), ("dspark_b16", "prefix_gain"),
@@ -141,13 +141,13 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True, 
     `engine`: the S* row through the serving engine too (eval.engine), not the reference loop."""
     import torch
 
-    from splitserve.models.io import load_draft
-    from splitserve.spec.evaluate import evaluate
+    from splitserve.evaluation.evaluate import evaluate
+    from splitserve.evaluation.heldout import evaluate_run, load_prompt_ids
+    from splitserve.loading import load_draft
     from splitserve.target import load_target
     from splitserve.target.eos import eos_ids
     from splitserve.target.hf import pick_device
     from splitserve.train.checkpoint import read_state
-    from splitserve.train.heldout import evaluate_run, load_prompt_ids
 
     cfg = read_config(run_dir)
     ckpts = checkpoint_dirs(run_dir)
@@ -288,7 +288,7 @@ def cmd_eval(args) -> None:
     for k, code in codes.items():
         if code:
             print(f"{k}: exit {code}\n" + (dirs[k] / "eval.log").read_text()[-3000:])
-    from splitserve.report import write_report
+    from splitserve.evaluation.report import write_report
 
     print(Path(write_report(root / "sweep")).read_text())
 

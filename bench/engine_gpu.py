@@ -25,12 +25,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench.roles_gpu`, run from anywhere
 
-from splitserve.serve.config import EngineConfig  # noqa: E402
+from splitserve.config import EngineConfig  # noqa: E402
 
 
 def _engine_costs(target, draft, args) -> dict:
-    from splitserve.serve.bench import bench_engine, summarize, synthetic_prompts
-    from splitserve.serve.engine import Engine
+    from splitserve.evaluation.bench import bench_engine, summarize, synthetic_prompts
+    from splitserve.speculative.engine import Engine
 
     input_len, output_len = args.input_len, args.output_len
     engine = Engine(target, draft, EngineConfig(max_context=args.max_context or input_len + output_len + 64,

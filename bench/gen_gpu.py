@@ -31,11 +31,10 @@ def _rows(path: Path) -> dict[str, list]:
 
 
 def _serve_untrained(out_dir: Path, device: str, dtype: str):
-    from splitserve.config import DraftConfig, TargetConfig
+    from splitserve.config import DraftConfig, EngineConfig, ModelsConfig, ServerConfig, TargetConfig
     from splitserve.export import export_draft
     from splitserve.models.build import build_draft, resolve_arch
     from splitserve.serve.app import make_server
-    from splitserve.serve.config import EngineConfig, ModelsConfig, ServerConfig
     from splitserve.target.hf import load_hf_target
 
     target = load_hf_target(TargetConfig(device=device, dtype="float32"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from splitserve.config import DataConfig, DraftConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
-from splitserve.train.heldout import evaluate_run
+from splitserve.evaluation.heldout import evaluate_run
 from splitserve.train.loop import train
 
 

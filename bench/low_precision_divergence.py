@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from splitserve.serve.config import EngineConfig, ModelsConfig
-from splitserve.serve.engine import Engine, SamplingParams
-from splitserve.serve.loading import load_models
+from splitserve.config import EngineConfig, ModelsConfig
+from splitserve.evaluation.heldout import load_prompt_ids
+from splitserve.loading import load_models
+from splitserve.speculative.engine import Engine, SamplingParams
 from splitserve.target.eos import eos_ids
-from splitserve.train.heldout import load_prompt_ids
 
 
 def main() -> None:

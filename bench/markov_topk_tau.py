@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from splitserve.serve.config import EngineConfig, ModelsConfig  # noqa: E402
-from splitserve.serve.engine import Engine, SamplingParams  # noqa: E402
-from splitserve.serve.loading import load_models  # noqa: E402
+from splitserve.config import EngineConfig, ModelsConfig  # noqa: E402
+from splitserve.loading import load_models  # noqa: E402
+from splitserve.speculative.engine import Engine, SamplingParams  # noqa: E402
 from splitserve.target.eos import eos_ids  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from splitserve.train.heldout import load_prompt_ids
+    from splitserve.evaluation.heldout import load_prompt_ids
 
     target, draft = load_models(ModelsConfig(draft=args.draft, device=args.device))
     prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)

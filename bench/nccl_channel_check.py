@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from splitserve.records import HiddenRecord  # noqa: E402
-from splitserve.split import (  # noqa: E402
+from splitserve.stream import (  # noqa: E402
     ChannelSpec,
     ConsumerStopped,
     FanInChannel,

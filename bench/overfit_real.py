@@ -19,12 +19,12 @@ from pathlib import Path
 import torch
 
 from splitserve.config import DraftConfig, LossConfig, TargetConfig
+from splitserve.evaluation.evaluate import evaluate
+from splitserve.evaluation.heldout import load_prompt_ids
 from splitserve.models.build import build_draft, resolve_arch
 from splitserve.records import HiddenRecord
-from splitserve.spec.decode import target_decode
-from splitserve.spec.evaluate import evaluate
+from splitserve.speculative.decode import target_decode
 from splitserve.target.hf import load_hf_target
-from splitserve.train.heldout import load_prompt_ids
 from splitserve.train.step import collate, draft_loss
 
 

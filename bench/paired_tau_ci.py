@@ -14,8 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
-from splitserve.report.ratios import KEY, eval_entries, paired_ratio
-from splitserve.report.runs import read_run
+from splitserve.evaluation.report.ratios import KEY, eval_entries, paired_ratio
+from splitserve.evaluation.report.runs import read_run
 
 
 def main() -> None:

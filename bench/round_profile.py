@@ -41,12 +41,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.roles_gpu import RANDOM_SHAPES, random_target, untrained_draft  # noqa: E402
-from splitserve.serve.bench import synthetic_prompts  # noqa: E402
-from splitserve.serve.config import EngineConfig, ModelsConfig  # noqa: E402
-from splitserve.serve.engine import Engine, SamplingParams  # noqa: E402
-from splitserve.serve.graphs import StepGraphs  # noqa: E402
-from splitserve.serve.loading import load_models  # noqa: E402
+from splitserve.config import EngineConfig, ModelsConfig  # noqa: E402
+from splitserve.evaluation.bench import synthetic_prompts  # noqa: E402
+from splitserve.loading import load_models  # noqa: E402
+from splitserve.speculative.engine import Engine, SamplingParams  # noqa: E402
 from splitserve.target.eos import eos_ids  # noqa: E402
+from splitserve.target.graphs import StepGraphs  # noqa: E402
 
 
 def time_graph(fn, iters: int, device: torch.device) -> float:
@@ -237,7 +237,7 @@ def main() -> None:
                                     {draft.arch.mask_token_id})
         params = SamplingParams(max_tokens=args.max_tokens)  # no EOS: every request runs max_tokens
     else:
-        from splitserve.train.heldout import load_prompt_ids
+        from splitserve.evaluation.heldout import load_prompt_ids
 
         target, draft = load_models(ModelsConfig(draft=args.draft, device=args.device))
         prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)

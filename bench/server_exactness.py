@@ -18,11 +18,10 @@ import time
 
 import openai
 
-from splitserve.config import TargetConfig
+from splitserve.config import EngineConfig, ModelsConfig, ServerConfig, TargetConfig
 from splitserve.data import encode_prompt, read_prompts, resolve_prompts_path
 from splitserve.serve.app import make_server
-from splitserve.serve.config import EngineConfig, ModelsConfig, ServerConfig
-from splitserve.spec.decode import target_decode
+from splitserve.speculative.decode import target_decode
 from splitserve.target.eos import eos_ids
 from splitserve.target.hf import load_hf_target
 

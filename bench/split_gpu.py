@@ -68,8 +68,8 @@ def copy_bench(tokens: int, out: str, backend: str = "gloo") -> None:
     import torch.distributed as dist
 
     from splitserve.records import HiddenRecord
-    from splitserve.split.channel import ChannelSpec
-    from splitserve.split.p2p import P2PChannel
+    from splitserve.stream.channel import ChannelSpec
+    from splitserve.stream.p2p import P2PChannel
 
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -27,8 +27,8 @@ from bench.roles_gpu import smollm2_shape  # noqa: E402
 from splitserve.config import DraftConfig, LossConfig, TargetConfig  # noqa: E402
 from splitserve.data.chat import TokenizedSample  # noqa: E402
 from splitserve.models.build import build_draft, resolve_arch  # noqa: E402
+from splitserve.stream.sources import TargetSource  # noqa: E402
 from splitserve.target.hf import wrap_hf_model  # noqa: E402
-from splitserve.train.sources import TargetSource  # noqa: E402
 from splitserve.train.step import collate, draft_loss, plan_blocks, row_generators  # noqa: E402
 
 

@@ -51,10 +51,9 @@ def build(arch: str):
 def check(arch: str, device: torch.device, max_tokens: int) -> dict:
     import transformers as tf
 
-    from splitserve.config import DraftConfig, TargetConfig
+    from splitserve.config import DraftConfig, EngineConfig, TargetConfig
     from splitserve.models.build import build_draft, resolve_arch
-    from splitserve.serve.config import EngineConfig
-    from splitserve.serve.engine import Engine, SamplingParams
+    from splitserve.speculative.engine import Engine, SamplingParams
     from splitserve.target.hf import wrap_hf_model
 
     torch.manual_seed(0)

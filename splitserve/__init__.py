@@ -1,15 +1,8 @@
-"""splitserve: train DSpark speculative-decoding drafts against a frozen target, and serve them."""
+"""splitserve: train DSpark speculative-decoding drafts against a frozen target, and serve them.
+
+Importing the package loads nothing heavy (no torch, no transformers): each command imports what
+it needs. `import splitserve.export` registers the exported draft's classes with transformers'
+Auto classes (splitserve/export/hf.py).
+"""
 
 __version__ = "0.1.0"
-
-
-def _register_hf() -> None:
-    # `import splitserve` makes exported drafts loadable through transformers' Auto classes.
-    try:
-        from splitserve.export.hf import register
-    except ImportError:  # transformers missing: the core still imports
-        return
-    register()
-
-
-_register_hf()

@@ -16,8 +16,8 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from splitserve.data.rows import DataError
     from splitserve.errors import UserError
     from splitserve.models.build import DraftMismatchError
-    from splitserve.offline.reader import DumpError
     from splitserve.split.routing import SplitConfigError
+    from splitserve.stream.dump_reader import DumpError
     from splitserve.target.arch import UnsupportedTargetError
     from splitserve.train.checkpoint import CheckpointError
 
@@ -45,7 +45,7 @@ def check_train_data(cfg) -> None:
 def draft_meta(path: str, flag: str):
     """read_draft_meta with its errors as one-line UserErrors naming the flag."""
     from splitserve.errors import UserError
-    from splitserve.models.io import read_draft_meta
+    from splitserve.loading import read_draft_meta
 
     try:
         return read_draft_meta(path)

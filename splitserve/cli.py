@@ -103,7 +103,7 @@ def hydra_app(command: str, argv: list[str]) -> None:
                 _save_resolved(cfg, Path(cfg.run_dir))
             run_split(cfg)  # a torchrun job split into target and draft ranks
         elif command == "train":
-            from splitserve.train.heldout import evaluate_run
+            from splitserve.evaluation.heldout import evaluate_run
             from splitserve.train.loop import train
 
             check_train_data(cfg)
@@ -116,7 +116,7 @@ def hydra_app(command: str, argv: list[str]) -> None:
             elif cfg.eval.enabled:
                 evaluate_run(cfg, result.target, result.draft)
         else:
-            from splitserve.offline.capture import run_dump
+            from splitserve.stream.dump_capture import run_dump
 
             _save_resolved(cfg, Path(cfg.dump.out_dir))
             run_dump(cfg)
@@ -148,12 +148,12 @@ def eval_main(argv: list[str]) -> None:
     args = p.parse_args(argv)
 
     from splitserve.config import TargetConfig
+    from splitserve.evaluation.evaluate import evaluate, format_reports
+    from splitserve.evaluation.heldout import load_prompt_ids
+    from splitserve.loading import load_draft
     from splitserve.models.build import build_draft, check_compatible
-    from splitserve.models.io import load_draft
-    from splitserve.spec.evaluate import evaluate, format_reports
     from splitserve.target.eos import eos_ids
     from splitserve.target.hf import load_hf_target, peek_target_info
-    from splitserve.train.heldout import load_prompt_ids
 
     arch, _, run_target = draft_meta(args.draft, "--draft")
     check_prompts(args.prompts, "--prompts")
@@ -210,8 +210,8 @@ def export_main(argv: list[str]) -> None:
 
     from splitserve.config import TargetConfig
     from splitserve.export import export_draft
-    from splitserve.models.io import load_draft
-    from splitserve.spec.calibration import load_calibration
+    from splitserve.loading import load_draft
+    from splitserve.speculative.calibration_file import load_calibration
     from splitserve.target.shared_weights import SharedWeightsTarget
 
     arch, kind, run_target = draft_meta(args.run_dir, "RUN_DIR")
@@ -279,11 +279,11 @@ def calibrate_main(argv: list[str]) -> None:
     args = p.parse_args(argv)
 
     from splitserve.config import TargetConfig
-    from splitserve.models.io import load_draft
-    from splitserve.spec.calibration import calibrate_run, format_fit
+    from splitserve.evaluation.calibration import calibrate_run, format_fit
+    from splitserve.evaluation.heldout import load_prompt_ids
+    from splitserve.loading import load_draft
     from splitserve.target.eos import eos_ids
     from splitserve.target.hf import load_hf_target
-    from splitserve.train.heldout import load_prompt_ids
 
     run = _run_settings(args.run_dir)
     ev, data = run.get("eval", {}), run.get("data", {})
@@ -315,7 +315,7 @@ def report_main(argv: list[str]) -> None:
     p.add_argument("--wandb-project", default="splitserve")
     args = p.parse_args(argv)
 
-    from splitserve.report import write_report
+    from splitserve.evaluation.report import write_report
 
     try:
         path = write_report(args.sweep_dir, wandb=args.wandb, wandb_project=args.wandb_project)
@@ -409,7 +409,7 @@ def gen_main(argv: list[str]) -> None:
 
 
 def _models_args(p: argparse.ArgumentParser) -> None:
-    from splitserve.serve.config import EngineConfig  # dataclasses only: cheap to import
+    from splitserve.config import EngineConfig  # dataclasses only: cheap to import
 
     p.add_argument("--draft", required=True, help="exported draft directory (or a training run directory)")
     p.add_argument("--target", default=None, help="target name or HF directory (default: the draft run's own)")
@@ -433,7 +433,7 @@ def _models_args(p: argparse.ArgumentParser) -> None:
 
 
 def _models_and_engine(args):
-    from splitserve.serve.config import EngineConfig, ModelsConfig
+    from splitserve.config import EngineConfig, ModelsConfig
 
     return (ModelsConfig(draft=args.draft, target=args.target, device=args.device, dtype=args.dtype, **hub_kw(args)),
             EngineConfig(max_context=args.max_context, use_cuda_graphs=not args.no_cuda_graphs,
@@ -443,7 +443,7 @@ def _models_and_engine(args):
 
 
 def serve_main(argv: list[str]) -> None:
-    from splitserve.serve.config import ServerConfig
+    from splitserve.config import ServerConfig
 
     d = ServerConfig()
     p = argparse.ArgumentParser(prog="splitserve serve", description="OpenAI-compatible speculative server "
@@ -499,9 +499,9 @@ def bench_main(argv: list[str]) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="write the report here")
     args = p.parse_args(argv)
 
+    from splitserve.config import BenchConfig
+    from splitserve.evaluation.bench import run_bench
     from splitserve.models.build import DraftMismatchError
-    from splitserve.serve.bench import run_bench
-    from splitserve.serve.config import BenchConfig
 
     models, engine = _models_and_engine(args)
     cfg = BenchConfig(input_len=args.input_len, output_len=args.output_len, num_requests=args.num_requests,

@@ -1,7 +1,9 @@
-"""What crosses a process or storage boundary: one small, versioned record type with tensors.
+"""What crosses a package, process or storage boundary.
 
-A `HiddenRecord` is one training sample as the target saw it. The offline dump stores them;
-the split trainer streams them. Nothing else that crosses a boundary carries tensors.
+A `HiddenRecord` is one training sample as the target saw it: the dump stores them, the split
+trainer streams them, and it is the one versioned type that carries tensors between processes.
+`TargetInfo` (a target's identity, which a draft must match) and `Capture` (the hidden states a
+target backend returns) are what every package that meets a target speaks.
 """
 
 from __future__ import annotations
@@ -41,3 +43,26 @@ class HiddenRecord:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """Identity of a target: what a draft must match before any compute."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    layer_ids: tuple[int, ...]  # captured layers, HF indexing (hidden_states[l + 1])
+
+
+@dataclass
+class Capture:
+    """Hidden states the draft needs for a span of tokens.
+
+    aux:   (B, T, m*D) the m captured layers' outputs, concatenated on the last dim
+    final: (B, T, D)   the final-norm hidden state (lm_head input), or None when not asked for
+    """
+
+    aux: torch.Tensor
+    final: torch.Tensor | None

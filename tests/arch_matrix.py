@@ -168,14 +168,13 @@ def check_served(arch: str, work: Path) -> Row:
     the serving engine with transformers' greedy `generate` on a chat prompt."""
     from floats import assert_float32_close
 
+    from splitserve.config import EngineConfig, ModelsConfig
+    from splitserve.evaluation.evaluate import evaluate
+    from splitserve.evaluation.heldout import load_prompt_ids
     from splitserve.export import export_draft
-    from splitserve.models.io import load_draft
-    from splitserve.serve.config import EngineConfig, ModelsConfig
-    from splitserve.serve.engine import Engine, SamplingParams
-    from splitserve.serve.loading import load_models
-    from splitserve.spec.evaluate import evaluate
+    from splitserve.loading import load_draft, load_models
+    from splitserve.speculative.engine import Engine, SamplingParams
     from splitserve.target.eos import eos_ids
-    from splitserve.train.heldout import load_prompt_ids
     from splitserve.train.loop import train
 
     target_dir = save_tiny(arch, work / "target")

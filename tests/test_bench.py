@@ -7,7 +7,7 @@ import pytest
 from tiny import export_tiny_draft
 
 from splitserve import cli
-from splitserve.serve.bench import RequestTiming, percentile, summarize, synthetic_prompts
+from splitserve.evaluation.bench import RequestTiming, percentile, summarize, synthetic_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -43,8 +43,8 @@ def test_bench_with_baselines_writes_json(tiny_smol_dir, draft_dir, tmp_path, ca
 
 
 def test_bench_spec_only_and_missing_assistant_note(tiny_smol_dir, draft_dir, tmp_path):
-    from splitserve.serve.bench import run_bench
-    from splitserve.serve.config import BenchConfig, EngineConfig, ModelsConfig
+    from splitserve.config import BenchConfig, EngineConfig, ModelsConfig
+    from splitserve.evaluation.bench import run_bench
 
     models = ModelsConfig(draft=str(draft_dir), target=str(tiny_smol_dir), device="cpu")
     report = run_bench(models, EngineConfig(), BenchConfig(input_len=6, output_len=5, num_requests=2, warmup=0))
@@ -74,8 +74,8 @@ def test_statistics_helpers():
 
 def test_bench_on_chat_prompts(tiny_smol_dir, draft_dir, tmp_path):
     """--prompts: chat prompts in the target's template, replies cut at EOS or output_len."""
-    from splitserve.serve.bench import run_bench
-    from splitserve.serve.config import BenchConfig, EngineConfig, ModelsConfig
+    from splitserve.config import BenchConfig, EngineConfig, ModelsConfig
+    from splitserve.evaluation.bench import run_bench
 
     prompts = tmp_path / "prompts.jsonl"
     rows = [{"messages": [{"role": "user", "content": text}]} for text in ("Hi there!", "How was your day?", "Hm.")]

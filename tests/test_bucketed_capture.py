@@ -6,8 +6,8 @@ import torch
 from tiny import tiny_target
 
 from splitserve.data.chat import TokenizedSample
+from splitserve.stream.sources import TargetSource
 from splitserve.target.bucketed import BucketedCapture
-from splitserve.train.sources import TargetSource
 
 
 def _samples(lengths, vocab):

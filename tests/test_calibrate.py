@@ -8,20 +8,17 @@ import torch
 from tiny import tiny_draft, tiny_target
 
 import splitserve  # noqa: F401  (registers the Auto classes)
+from splitserve.evaluation.calibration import calibrate_run
 from splitserve.export import export_draft
-from splitserve.spec.calibrate import (
+from splitserve.speculative.calibrate import (
     ece,
     fit_sts,
     prefix_acceptance,
     survival,
     survival_ece,
 )
-from splitserve.spec.calibration import (
-    calibrate_run,
-    load_calibration,
-    temperatures_for,
-)
-from splitserve.spec.decode import SpecDecoder
+from splitserve.speculative.calibration_file import load_calibration, temperatures_for
+from splitserve.speculative.decode import SpecDecoder
 
 
 def test_ece_hand_computed():

@@ -4,10 +4,10 @@ import pytest
 import torch
 from floats import assert_tie_free
 
+from splitserve.config import EngineConfig
 from splitserve.models.candidate_chain import chain_argmax_reference, supports_candidates
-from splitserve.serve.config import EngineConfig
-from splitserve.serve.engine import Engine, SamplingParams
-from splitserve.spec.decode import target_decode
+from splitserve.speculative.decode import target_decode
+from splitserve.speculative.engine import Engine, SamplingParams
 from tests.tiny import VOCAB, tiny_draft, tiny_target
 
 

@@ -17,14 +17,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from splitserve.offline import DumpReader, DumpWriter
-from splitserve.records import SCHEMA_VERSION, HiddenRecord
-from splitserve.split import (
+from splitserve.records import SCHEMA_VERSION, HiddenRecord, TargetInfo
+from splitserve.stream import (
     ChannelMismatch,
     ChannelSpec,
     ChannelStats,
     ConsumerStopped,
-    DumpChannel,
+    DumpReader,
+    DumpWriter,
     FanInChannel,
     FanOutChannel,
     Header,
@@ -37,7 +37,7 @@ from splitserve.split import (
     decode,
     encode,
 )
-from splitserve.target.backend import TargetInfo
+from splitserve.stream.sources import DumpSource
 
 D, M = 8, 2  # hidden width, captured layers: aux is (T, M*D)
 MAX_TOKENS = 32
@@ -186,17 +186,18 @@ def test_local_channel_stop_error_and_several_producers() -> None:
         ch.recv()
 
 
-def test_dump_channel_yields_a_dump_in_the_given_order(tmp_path: Path) -> None:
+def test_dump_source_yields_a_dump_in_the_given_order(tmp_path: Path) -> None:
+    """A dump reaches the trainer through the same consumer interface as a channel (RecordSource.get)."""
     target = TargetInfo(name="tiny", vocab_size=50_000, hidden_size=D, num_layers=4, layer_ids=(1, 2))
     records = [make_record(i, t) for i, t in enumerate([3, 5, 2, 6])]
     with DumpWriter(tmp_path, target, torch.bfloat16, shard_tokens=6) as w:
         for r in records:
             w.add(r)
-    ch = DumpChannel(DumpReader(tmp_path), [2, 0, 3])
-    got = [ch.recv(), ch.recv(), ch.recv()]
-    assert ch.recv() is None
+    source = DumpSource(DumpReader(tmp_path))
+    assert source.num_samples == 4
+    got = source.get([2, 0, 3])
+    assert [g.sample_id for g in got] == [2, 0, 3]
     assert all(same_record(g, records[i], torch.bfloat16) for g, i in zip(got, [2, 0, 3]))
-    assert ch.stats().records == 3
 
 
 # ---- gloo, several processes --------------------------------------------------------------
@@ -232,7 +233,7 @@ def run_ranks(fn, world: int) -> dict:
     # imports the heavy modules (torch, splitserve) once and forks every rank from there,
     # instead of each rank spending seconds on the same imports.
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch.distributed", "splitserve.split", "splitserve.offline", "pytest"])
+    ctx.set_forkserver_preload(["torch.distributed", "splitserve.split", "splitserve.stream", "pytest"])
     results = ctx.Queue()
     port = _free_port()
     procs = [

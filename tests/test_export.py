@@ -10,8 +10,8 @@ from tiny import tiny_draft, tiny_target
 import splitserve  # noqa: F401  (registers the Auto classes)
 import splitserve.cli as cli
 from splitserve.export import export_draft
+from splitserve.loading import load_draft
 from splitserve.models.build import DraftMismatchError
-from splitserve.models.io import load_draft
 from splitserve.train.checkpoint import CheckpointError
 
 CTX, GAMMA = 12, 8  # the round trip's block: 8 tokens after a 12-token context

@@ -129,7 +129,7 @@ def test_cli_refuses_dflash_before_loading_anything(tmp_path, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("the draft was read before the option check")
 
-    monkeypatch.setattr("splitserve.models.io.read_draft_meta", no_load)
+    monkeypatch.setattr("splitserve.loading.read_draft_meta", no_load)
     with pytest.raises(ValueError, match="--algorithm dflash is refused"):
         cli.export_main([str(tmp_path / "run"), str(tmp_path / "sg"), "--format", "sglang", "--algorithm", "dflash"])
     assert not (tmp_path / "sg").exists()

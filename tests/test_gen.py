@@ -19,7 +19,7 @@ from splitserve.data.gen import (
     run_gen,
 )
 from splitserve.data.prompts import encode_prompt
-from splitserve.spec.decode import target_decode
+from splitserve.speculative.decode import target_decode
 from splitserve.target.hf import wrap_hf_model
 
 

@@ -49,8 +49,8 @@ def sharp_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def live_server(sharp_dir, tmp_path_factory):
+    from splitserve.config import EngineConfig, ModelsConfig, ServerConfig
     from splitserve.serve.app import make_server
-    from splitserve.serve.config import EngineConfig, ModelsConfig, ServerConfig
 
     draft = export_tiny_draft(sharp_dir, tmp_path_factory.mktemp("sharp_draft") / "draft")
     srv = make_server(ModelsConfig(draft=str(draft), target=str(sharp_dir), device="cpu"),

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from splitserve.models.candidate_chain import chain_argmax_reference
-from splitserve.spec import verify as ref
+from splitserve.speculative import verify as ref
 
-kernels = pytest.importorskip("splitserve.kernels.verify")
+kernels = pytest.importorskip("splitserve.speculative.verify_kernel")
 if not kernels.HAS_TRITON:
     pytest.skip("triton is not installed", allow_module_level=True)
 if torch.cuda.is_available():
@@ -73,7 +73,7 @@ def test_dispatch_falls_back_to_reference_off_cuda():
 
 @pytest.mark.parametrize("gamma, k", [(2, 1), (4, 3), (8, 64), (16, 64), (16, 100)])
 def test_chain_kernel_matches_reference(gamma, k):
-    from splitserve.kernels.chain import chain_argmax_triton
+    from splitserve.models.candidate_chain_kernel import chain_argmax_triton
 
     for seed in range(5):
         g = torch.Generator().manual_seed(seed)

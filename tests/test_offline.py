@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from splitserve.offline import DumpError, DumpReader, DumpWriter
-from splitserve.records import SCHEMA_VERSION, HiddenRecord
-from splitserve.target.backend import TargetInfo
+from splitserve.records import SCHEMA_VERSION, HiddenRecord, TargetInfo
+from splitserve.stream import DumpError, DumpReader, DumpWriter
 
 D = 16
 TARGET = TargetInfo(name="tiny", vocab_size=100, hidden_size=D, num_layers=6, layer_ids=(1, 3, 4))

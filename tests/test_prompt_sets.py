@@ -4,10 +4,10 @@ import torch
 
 from splitserve.config import TargetConfig
 from splitserve.data import encode_prompt, read_prompts, resolve_prompts_path
-from splitserve.spec.decode import target_decode
+from splitserve.evaluation.heldout import heldout_prompt_ids, regenerate_history
+from splitserve.speculative.decode import target_decode
 from splitserve.target import load_target
 from splitserve.target.eos import eos_ids
-from splitserve.train.heldout import heldout_prompt_ids, regenerate_history
 
 
 def test_named_sets_come_from_their_packages(tmp_path, monkeypatch):

@@ -9,12 +9,12 @@ import torch
 
 from splitserve.config import DraftConfig, LossConfig, TargetConfig
 from splitserve.data import load_samples, resolve_train_path
+from splitserve.evaluation.evaluate import evaluate
+from splitserve.evaluation.heldout import load_prompt_ids
 from splitserve.models.build import build_draft, resolve_arch
-from splitserve.spec.evaluate import evaluate
+from splitserve.stream.sources import TargetSource
 from splitserve.target.eos import eos_ids
 from splitserve.target.hf import load_hf_target
-from splitserve.train.heldout import load_prompt_ids
-from splitserve.train.sources import TargetSource
 from splitserve.train.step import collate, draft_loss
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from splitserve.cli import main
-from splitserve.report import read_sweep, write_report
+from splitserve.evaluation.report import read_sweep, write_report
 
 
 def _eval_entry(tau, temperature, per_position):
@@ -118,7 +118,7 @@ def test_report_on_a_missing_dir_is_a_clear_error(tmp_path):
 def test_paired_ratio_is_pooled_tau_over_pooled_tau_with_a_paired_interval():
     import numpy as np
 
-    from splitserve.report.ratios import PerPrompt, paired_ratio
+    from splitserve.evaluation.report.ratios import PerPrompt, paired_ratio
 
     rounds = np.array([10.0, 20.0, 5.0, 8.0])
     a = PerPrompt([(1,), (2,), (3,), (4,)], np.array([30.0, 50.0, 9.0, 20.0]), rounds)

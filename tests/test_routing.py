@@ -5,7 +5,7 @@ import pytest
 from splitserve.config import SplitConfig
 from splitserve.split.routing import Roles, Routing, SplitConfigError
 from splitserve.split.telemetry import ConsumerCounters, RateWindow, verdict
-from splitserve.train.sources import DataOrder
+from splitserve.stream.sources import DataOrder
 
 
 @pytest.mark.parametrize("n_target, n_draft, batch", [(1, 2, 4), (2, 2, 4), (3, 1, 5), (4, 4, 8), (1, 7, 7)])

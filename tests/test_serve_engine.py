@@ -7,10 +7,10 @@ import torch
 from tiny import tiny_draft, tiny_target
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from splitserve.serve.config import EngineConfig
-from splitserve.serve.engine import ContextLengthError, Engine, SamplingParams, attention_windows
-from splitserve.spec.decode import target_decode
-from splitserve.spec.verify import truncate_probs
+from splitserve.config import EngineConfig
+from splitserve.speculative.decode import target_decode
+from splitserve.speculative.engine import ContextLengthError, Engine, SamplingParams, attention_windows
+from splitserve.speculative.verify import truncate_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

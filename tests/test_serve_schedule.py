@@ -6,10 +6,10 @@ import test_serve_engine as base  # a module import: its tests are not collected
 import torch
 from tiny import tiny_draft, tiny_target
 
-from splitserve.serve.config import EngineConfig
-from splitserve.serve.engine import Engine, SamplingParams
-from splitserve.spec.decode import target_decode
-from splitserve.spec.schedule import choose_prefix, linear_cost, prefix_survival
+from splitserve.config import EngineConfig
+from splitserve.speculative.decode import target_decode
+from splitserve.speculative.engine import Engine, SamplingParams
+from splitserve.speculative.schedule import choose_prefix, linear_cost, prefix_survival
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

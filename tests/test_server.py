@@ -17,11 +17,10 @@ import torch
 from tiny import export_tiny_draft, tiny_target
 
 from splitserve import cli
-from splitserve.config import TargetConfig
+from splitserve.config import EngineConfig, ModelsConfig, ServerConfig, TargetConfig
 from splitserve.data.prompts import encode_prompt
 from splitserve.serve.app import make_server
-from splitserve.serve.config import EngineConfig, ModelsConfig, ServerConfig
-from splitserve.spec.decode import target_decode
+from splitserve.speculative.decode import target_decode
 from splitserve.target.eos import eos_ids
 from splitserve.target.hf import load_hf_target
 

@@ -12,10 +12,10 @@ import openai
 import pytest
 from tiny import export_tiny_draft
 
+from splitserve.config import EngineConfig, ModelsConfig, ServerConfig
 from splitserve.serve.app import make_server
-from splitserve.serve.config import EngineConfig, ModelsConfig, ServerConfig
-from splitserve.serve.engine import GenStats
 from splitserve.serve.metrics import Metrics
+from splitserve.speculative.engine import GenStats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

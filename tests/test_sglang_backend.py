@@ -68,7 +68,7 @@ def test_train_and_dump_go_through_the_backend_choice(monkeypatch, tmp_path, com
     if command == "train":
         from splitserve.train.loop import train as run
     else:
-        from splitserve.offline.capture import run_dump as run
+        from splitserve.stream.dump_capture import run_dump as run
     with pytest.raises(sb.SGLangUnavailable, match="target.backend=sglang cannot start"):
         run(cfg)
 

@@ -6,9 +6,9 @@ import torch
 from tiny import check_draft_ties, tiny_draft, tiny_target
 
 from splitserve.config import LossConfig
+from splitserve.evaluation.evaluate import acceptance_stats, evaluate
 from splitserve.records import HiddenRecord
-from splitserve.spec.decode import SpecDecoder, target_decode
-from splitserve.spec.evaluate import acceptance_stats, evaluate
+from splitserve.speculative.decode import SpecDecoder, target_decode
 from splitserve.train.step import collate, draft_loss
 
 
@@ -108,8 +108,8 @@ def test_evaluate_run_counts_exact_replies_only_when_asked(tiny_smol_dir, tmp_pa
     from pathlib import Path
 
     from splitserve.config import DataConfig, EvalConfig, RunConfig, TargetConfig
+    from splitserve.evaluation.heldout import evaluate_run
     from splitserve.target.hf import load_hf_target
-    from splitserve.train.heldout import evaluate_run
 
     target = load_hf_target(TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), layer_ids=[0, 1, 2], device="cpu"))
     torch.manual_seed(0)

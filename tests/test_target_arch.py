@@ -204,8 +204,8 @@ def test_soft_capped_target_sampled_at_t1_matches_its_distribution():
     above; the sampling maths itself is tested in test_spec_decode / test_serve_engine.)"""
     from tiny import tiny_draft
 
-    from splitserve.serve.config import EngineConfig
-    from splitserve.serve.engine import Engine
+    from splitserve.config import EngineConfig
+    from splitserve.speculative.engine import Engine
 
     config = tf.Gemma2Config(**{**SMALL, "vocab_size": 16, "num_hidden_layers": 3}, head_dim=8, sliding_window=3,
                              final_logit_softcapping=1.5)
@@ -311,7 +311,8 @@ def test_every_command_that_loads_the_target_passes_revision_and_trust(command, 
     monkeypatch.setattr(sw.SharedWeightsTarget, "__init__", lambda self, cfg, *a, **k: capture(cfg))
     args = {"eval": ["eval", "--draft", str(draft)], "calibrate": ["calibrate", str(draft)],
             "export": ["export", str(draft), str(tmp_path / "out")],
-            "serve": ["serve", "--draft", str(draft), "--port", "0"], "bench": ["bench", "--draft", str(draft)]}[command]
+            "serve": ["serve", "--draft", str(draft), "--port", "0"],
+            "bench": ["bench", "--draft", str(draft)]}[command]
     with pytest.raises(Stop):
         main([*args, "--target", str(tiny_smol_dir), "--revision", "v2", "--trust-remote-code"])
     assert seen == [("v2", True)]

@@ -10,7 +10,7 @@ import torch
 
 import splitserve.train.loop as loop
 from splitserve.config import DataConfig, DraftConfig, DumpConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
-from splitserve.models.io import load_draft
+from splitserve.loading import load_draft
 from splitserve.target.hf import load_hf_target
 from splitserve.train.checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint
 
@@ -93,7 +93,7 @@ def test_finished_run_is_not_trained_again(tiny_smol_dir, tiny_smol_target, tmp_
 
 
 def test_dump_then_train_equals_in_process(tiny_smol_dir, tiny_smol_target, tmp_path):
-    from splitserve.offline.capture import run_dump
+    from splitserve.stream.dump_capture import run_dump
 
     online = loop.train(_cfg(tiny_smol_dir, tmp_path / "online"), tiny_smol_target)
     cfg = _cfg(tiny_smol_dir, tmp_path / "offline")

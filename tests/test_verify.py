@@ -2,7 +2,7 @@
 
 import torch
 
-from splitserve.spec.verify import greedy_verify, sampling_verify, truncate_probs, verify_block
+from splitserve.speculative.verify import greedy_verify, sampling_verify, truncate_probs, verify_block
 
 
 def _onehot_logits(tokens, v=10):

@@ -8,7 +8,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from splitserve.export.hf import DSparkConfig
-from splitserve.spec.calibration import CALIBRATION_FILE, temperatures_for
+from splitserve.speculative.calibration_file import CALIBRATION_FILE, temperatures_for
 
 
 def export_draft(draft, out_dir: str | Path, target_info=None, calibration: dict | None = None) -> Path:

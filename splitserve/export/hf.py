@@ -1,6 +1,6 @@
 """Hugging Face face of the draft: a config class and a PreTrainedModel that wraps DSparkDraft.
 
-`import splitserve` registers both, so `AutoConfig.from_pretrained(dir)` and
+`import splitserve.export` registers both, so `AutoConfig.from_pretrained(dir)` and
 `AutoModel.from_pretrained(dir)` load an exported draft. The wrapper only adapts: weights live
 under `model.` exactly as in DSparkDraft, and forward returns the Markov-corrected logits of
 one block (teacher-forced), which the round-trip test compares.

@@ -6,7 +6,7 @@ from typing import Any
 
 from splitserve.config import DraftConfig
 from splitserve.models.dspark import DSparkArch, DSparkDraft
-from splitserve.target.backend import TargetInfo
+from splitserve.records import TargetInfo
 
 
 class DraftMismatchError(ValueError):

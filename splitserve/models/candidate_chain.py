@@ -49,7 +49,7 @@ def candidate_chain(
     markov: MarkovHead, base: torch.Tensor, h: torch.Tensor, anchor_id: torch.Tensor, k: int,
 ) -> torch.Tensor:
     """base (γ, V) backbone logits U, h (γ, D) backbone states, anchor_id () -> tokens (γ,)."""
-    from splitserve.kernels.chain import chain_argmax  # Triton on CUDA, the reference elsewhere
+    from splitserve.models.candidate_chain_kernel import chain_argmax  # Triton on CUDA, the reference elsewhere
 
     vals, cand = base.topk(k, dim=-1)  # (γ, K), (γ, K)
     w2c = markov.w2.weight[cand]  # (γ, K, r): B(x, c) = W2[c] . z(x)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from splitserve.config import EngineConfig, ModelsConfig, ServerConfig
 from splitserve.errors import UserError
-from splitserve.serve.config import EngineConfig, ModelsConfig, ServerConfig
-from splitserve.serve.engine import Engine
-from splitserve.serve.loading import load_models
+from splitserve.loading import load_models
 from splitserve.serve.server import SplitServer, bind_socket, build_server
+from splitserve.speculative.engine import Engine
 from splitserve.target.eos import eos_ids
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
-from splitserve.serve.engine import GenStats
+from splitserve.speculative.engine import GenStats
 
 disable_created_metrics()  # no `*_created` series beside every counter (vLLM turns them off too)
 

@@ -27,10 +27,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from splitserve.serve.config import ServerConfig
+from splitserve.config import ServerConfig
 from splitserve.serve.detok import TextStream
 from splitserve.serve.edge import ARRIVAL, Edge
-from splitserve.serve.engine import ContextLengthError, Engine, SamplingParams
 from splitserve.serve.metrics import CONTENT_TYPE, Metrics
 from splitserve.serve.protocol import (
     ApiError,
@@ -42,6 +41,7 @@ from splitserve.serve.protocol import (
     encode_completion,
 )
 from splitserve.serve.worker import EngineWorker, Job, QueueFullError
+from splitserve.speculative.engine import ContextLengthError, Engine, SamplingParams
 
 log = logging.getLogger("splitserve.serve")
 CLIENT_CHECK_S = 0.25  # how often a waiting non-streaming route looks for a client that left

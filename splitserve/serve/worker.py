@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from splitserve.serve.engine import Engine, SamplingParams
 from splitserve.serve.metrics import Metrics
+from splitserve.speculative.engine import Engine, SamplingParams
 
 log = logging.getLogger("splitserve.serve")
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from splitserve.config import SplitConfig
-from splitserve.train.sources import DataOrder
+from splitserve.stream.sources import DataOrder
 
 
 class SplitConfigError(ValueError):

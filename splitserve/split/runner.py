@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 
 from splitserve.config import RunConfig
-from splitserve.split.channel import ChannelSpec, ConsumerStopped
-from splitserve.split.p2p import FanInChannel, FanOutChannel
 from splitserve.split.routing import Roles, Routing
 from splitserve.split.telemetry import ConsumerCounters, ProducerCounters, RateWindow, verdict
 from splitserve.split.watchdog import Watchdog
-from splitserve.train.sources import ChannelSource, DataOrder
+from splitserve.stream.channel import ChannelSpec, ConsumerStopped
+from splitserve.stream.p2p import FanInChannel, FanOutChannel
+from splitserve.stream.sources import ChannelSource, DataOrder
 
 WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -254,9 +254,9 @@ def _publish(watchdog: Watchdog, fan: FanOutChannel, counters: ProducerCounters,
 
 def _draft_rank(cfg, roles: Roles, place: Placement, watchdog: Watchdog, chan_kw: dict, draft_group, own_group,
                 reduce_device: torch.device, start: int, finished: int) -> None:
+    from splitserve.evaluation.heldout import evaluate_run
     from splitserve.target.hf import load_hf_target
     from splitserve.target.shared_weights import SharedWeightsTarget
-    from splitserve.train.heldout import evaluate_run
     from splitserve.train.loop import train
     from splitserve.train.partition import Partition
 

@@ -6,33 +6,11 @@ speculative decoder only see this interface, so a later SGLang backend is a drop
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-
-@dataclass(frozen=True)
-class TargetInfo:
-    """Identity of a target: what a draft must match before any compute."""
-
-    name: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    layer_ids: tuple[int, ...]  # captured layers, HF indexing (hidden_states[l + 1])
-
-
-@dataclass
-class Capture:
-    """Hidden states the draft needs for a span of tokens.
-
-    aux:   (B, T, m*D) the m captured layers' outputs, concatenated on the last dim
-    final: (B, T, D)   the final-norm hidden state (lm_head input), or None when not asked for
-    """
-
-    aux: torch.Tensor
-    final: torch.Tensor | None
+from splitserve.records import Capture, TargetInfo
 
 
 class TargetBackend(Protocol):

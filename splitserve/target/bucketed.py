@@ -18,8 +18,8 @@ import warnings
 
 import torch
 
-from splitserve.serve.graphs import StepGraphs
-from splitserve.target.backend import Capture
+from splitserve.records import Capture
+from splitserve.target.graphs import StepGraphs
 from splitserve.target.sdpa import varlen_sdpa
 
 

@@ -19,8 +19,8 @@ from torch import nn
 
 from splitserve.assets import resolve_target_path
 from splitserve.config import TargetConfig
+from splitserve.records import Capture, TargetInfo
 from splitserve.target.arch import LogitTransform, UnsupportedTargetError, attention_layout, text_config
-from splitserve.target.backend import Capture, TargetInfo
 from splitserve.target.layers import check_layer_ids, default_layer_ids
 from splitserve.target.static_cache import StaticKVCache, visible_mask
 

@@ -38,7 +38,7 @@ import torch
 
 from splitserve.assets import resolve_target_path
 from splitserve.config import TargetConfig
-from splitserve.target.backend import Capture, TargetInfo
+from splitserve.records import Capture, TargetInfo
 from splitserve.target.hf import DTYPES, _info_from_config, hub_kwargs, load_target_config, load_tokenizer
 
 DECODE_MESSAGE = (

@@ -186,3 +186,12 @@ def load_checkpoint(ckpt: Path, draft, backend) -> TrainState:
     except Exception as exc:
         raise CheckpointError(f"checkpoint {ckpt} is unreadable: {exc}") from exc
     return state
+
+
+ARCH_FILE = "draft_arch.json"  # run_dir/draft_arch.json: the draft's shapes and its target
+
+
+def save_arch(run_dir: Path, arch, target_path: str) -> None:
+    """arch: the DSparkArch whose to_dict() is written."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / ARCH_FILE).write_text(json.dumps({"arch": arch.to_dict(), "target_path": target_path}, indent=2))

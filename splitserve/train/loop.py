@@ -18,18 +18,17 @@ from tqdm import tqdm
 
 from splitserve.config import RunConfig
 from splitserve.models.build import build_draft, resolve_arch
-from splitserve.models.io import save_arch
+from splitserve.stream.sources import DataOrder, DumpSource, RecordSource, TargetSource
 from splitserve.train.backends import make_backend
-from splitserve.train.checkpoint import TrainState, resume_checkpoint, save_checkpoint
+from splitserve.train.checkpoint import TrainState, resume_checkpoint, save_arch, save_checkpoint
 from splitserve.train.partition import Partition
-from splitserve.train.sources import DataOrder, DumpSource, RecordSource, TargetSource
 from splitserve.train.step import collate, draft_loss, plan_blocks, position_weight, row_generators
 
 
 def build_source(cfg: RunConfig, target, quiet: bool = False, store_dtype: torch.dtype = torch.float32):
     """An offline dump if configured, else the target run in-process over tokenized data."""
     if cfg.data.dump_dir:
-        from splitserve.offline import DumpReader
+        from splitserve.stream import DumpReader
 
         reader = DumpReader(cfg.data.dump_dir)
         reader.check_target(target.info)

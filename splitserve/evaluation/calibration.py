@@ -1,4 +1,4 @@
-"""calibration.json: STS temperatures fitted on a draft's recorded speculative-decoding rounds.
+"""Fitting a draft's STS temperatures on a draft's recorded speculative-decoding rounds.
 
 Written beside the checkpoint (run dir) at the end of training's held-out evaluation or by
 `splitserve calibrate RUN_DIR`, copied into exports. One fit per sampling temperature evaluated,
@@ -8,18 +8,14 @@ its temperatures are also written into an export's config.json as `confidence_te
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import torch
 
-from splitserve.spec.calibrate import fit_sts, survival_ece
-from splitserve.spec.evaluate import EvalReport, evaluate
-
-CALIBRATION_FILE = "calibration.json"
-VERSION = 1
+from splitserve.evaluation.evaluate import EvalReport, evaluate
+from splitserve.speculative.calibrate import fit_sts, survival_ece
+from splitserve.speculative.calibration_file import write_calibration
 
 
 def observations(report: EvalReport) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,31 +64,6 @@ def fit_report(report: EvalReport, n_bins: int = 10) -> dict | None:
         "ece_before_per_position": before_pos,
         "ece_after_per_position": after_pos,
     }
-
-
-def write_calibration(run_dir: str | Path, fits: list[dict], n_bins: int, source: str) -> Path:
-    path = Path(run_dir) / CALIBRATION_FILE
-    path.write_text(json.dumps({"version": VERSION, "method": "sts", "n_bins": n_bins, "source": source,
-                                "fits": fits}, indent=1))
-    return path
-
-
-def load_calibration(path: str | Path) -> dict | None:
-    """calibration.json of a run or export directory, or None if it has none."""
-    file = Path(path) / CALIBRATION_FILE
-    return json.loads(file.read_text()) if file.exists() else None
-
-
-def temperatures_for(calibration: dict | None, sampling_temperature: float | None = None) -> list[float] | None:
-    """The fitted per-position temperatures for a sampling temperature (default: the primary fit)."""
-    if not calibration or not calibration.get("fits"):
-        return None
-    fits = calibration["fits"]
-    if sampling_temperature is not None:
-        for f in fits:
-            if math.isclose(f["sampling_temperature"], sampling_temperature):
-                return f["temperatures"]
-    return fits[0]["temperatures"]
 
 
 def format_fit(fit: dict) -> str:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from splitserve.models.dspark import DSparkDraft
-from splitserve.spec.context import DynamicDraftContext
-from splitserve.spec.verify import target_probs, verify_block
+from splitserve.speculative.context import DynamicDraftContext
+from splitserve.speculative.verify import target_probs, verify_block
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Channels carry `HiddenRecord`s from producers (ranks running the target) to consumers (ranks
 training the draft), with a hard bound on how many records can be in flight.
 
-Every channel has one interface, so the training loop that consumes records does not care
-whether they come over torch.distributed (`P2PChannel`, `FanInChannel`), from a thread in the
-same process (`LocalChannel`) or from an offline dump (`DumpChannel`).
+Every channel has one interface (torch.distributed: `P2PChannel`, `FanInChannel`; threads of one
+process: `LocalChannel`), and the trainer reads a channel through `ChannelSource`
+(stream/sources.py), the same `RecordSource.get` it calls on the in-process target or a dump.
 
 Flow control is by credits: a consumer grants `credits` slots up front and hands one back each
 time `recv()` passes a record on. A producer with no credit left waits, so a slow consumer
@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 import torch
 
 from splitserve.records import HiddenRecord
-from splitserve.split.wire import Header, Kind, WireError
+from splitserve.stream.wire import Header, Kind, WireError
 
 Role = Literal["producer", "consumer"]
 

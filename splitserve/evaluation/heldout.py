@@ -12,11 +12,12 @@ from tqdm import tqdm
 from splitserve.config import RunConfig
 from splitserve.data import ChatTemplate, encode_prompt, load_options, read_prompts, resolve_prompts_path
 from splitserve.data.prompt_sets import needs_history
+from splitserve.evaluation.calibration import fit_report, format_fit
+from splitserve.evaluation.evaluate import EvalReport, evaluate, format_reports
+from splitserve.evaluation.plots import plot_acceptance
 from splitserve.models.build import build_draft
-from splitserve.spec.calibration import fit_report, format_fit, write_calibration
-from splitserve.spec.decode import target_decode
-from splitserve.spec.evaluate import EvalReport, evaluate, format_reports
-from splitserve.spec.plots import plot_acceptance
+from splitserve.speculative.calibration_file import write_calibration
+from splitserve.speculative.decode import target_decode
 from splitserve.target.eos import eos_ids
 from splitserve.target.sdpa import varlen_sdpa
 

@@ -6,10 +6,10 @@ import json
 import os
 from pathlib import Path
 
-from splitserve.report.plots import plot_acceptance_by_config, plot_tau_vs_tokens
-from splitserve.report.ratios import ratio_rows, ratio_table
-from splitserve.report.runs import RunSummary, config_labels, read_sweep, read_yaml
-from splitserve.report.table import COLUMNS, markdown_table, table_rows
+from splitserve.evaluation.plots import plot_acceptance_by_config, plot_tau_vs_tokens
+from splitserve.evaluation.report.ratios import ratio_rows, ratio_table
+from splitserve.evaluation.report.runs import RunSummary, config_labels, read_sweep, read_yaml
+from splitserve.evaluation.report.table import COLUMNS, markdown_table, table_rows
 
 ACCEPTANCE_PNG = "report_acceptance.png"
 TAU_PNG = "report_tau_tokens.png"

@@ -18,7 +18,8 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from splitserve.offline.reader import (
+from splitserve.records import SCHEMA_VERSION, HiddenRecord, TargetInfo
+from splitserve.stream.dump_reader import (
     FORMAT,
     MANIFEST_NAME,
     SHARD_GLOB,
@@ -27,8 +28,6 @@ from splitserve.offline.reader import (
     read_shard,
     shard_name,
 )
-from splitserve.records import SCHEMA_VERSION, HiddenRecord
-from splitserve.target.backend import TargetInfo
 
 
 def _created_by() -> str:

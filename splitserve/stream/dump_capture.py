@@ -12,10 +12,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from splitserve.config import RunConfig
-from splitserve.offline.reader import dtype_from_name
-from splitserve.offline.writer import DumpWriter
+from splitserve.stream.dump_reader import dtype_from_name
+from splitserve.stream.dump_writer import DumpWriter
+from splitserve.stream.sources import TargetSource
 from splitserve.target.bucketed import use_capture_graphs
-from splitserve.train.sources import TargetSource
 
 
 def run_dump(cfg: RunConfig, target=None) -> Path:

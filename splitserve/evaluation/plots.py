@@ -1,11 +1,12 @@
-"""PNG plots of a sweep (matplotlib, headless): acceptance by position, τ against training tokens."""
+"""PNG plots of measurements (matplotlib, headless): acceptance by draft position, for one run's
+held-out evaluation or a whole sweep, and τ against training tokens."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
 
-from splitserve.report.runs import LENGTH_KEYS, RunSummary, config_labels
+from splitserve.evaluation.report.runs import LENGTH_KEYS, RunSummary, config_labels
 
 
 def _pyplot():
@@ -34,19 +35,27 @@ def _save(plt, fig, path: Path) -> Path:
     return Path(path)
 
 
-def plot_acceptance_by_config(runs: list[RunSummary], path: Path) -> Path:
-    """Conditional acceptance P(accept k | 1..k-1 accepted) by draft position, one line per run."""
+def plot_acceptance(named: dict, path: str | Path, title: str = "held-out conditional acceptance by position") -> Path:
+    """Conditional acceptance P(accept k | 1..k-1 accepted) by draft position, one line per entry.
+
+    named: {label: a report with .per_position, .tau and optionally .temperature} (an EvalReport
+    of evaluation/evaluate.py, or a sweep run's main evaluation)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    for r, label in zip(runs, config_labels(runs)):
-        ev = r.main_eval
-        if ev is None:
-            continue
-        ks = range(1, len(ev.per_position) + 1)
-        ax.plot(ks, ev.per_position, marker="o", ms=3, label=f"{label} (τ={ev.tau:.2f}, T={ev.temperature:g})")
+    for label, rep in named.items():
+        ks = range(1, len(rep.per_position) + 1)
+        temp = getattr(rep, "temperature", None)
+        suffix = f", T={temp:g}" if temp is not None else ""
+        ax.plot(ks, rep.per_position, marker="o", ms=3, label=f"{label} (τ={rep.tau:.2f}{suffix})")
     ax.set_ylim(-0.02, 1.02)
-    _label(ax, "draft position k", "P(accept k | 1..k-1 accepted)", "held-out conditional acceptance by position")
+    _label(ax, "draft position k", "P(accept k | 1..k-1 accepted)", title)
     return _save(plt, fig, path)
+
+
+def plot_acceptance_by_config(runs: list[RunSummary], path: Path) -> Path:
+    """One line per sweep run (its main evaluation), labelled by what differs between runs."""
+    named = {label: r.main_eval for r, label in zip(runs, config_labels(runs)) if r.main_eval is not None}
+    return plot_acceptance(named, path)
 
 
 def plot_tau_vs_tokens(runs: list[RunSummary], path: Path) -> Path:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from splitserve.spec.verify import at, target_probs
+from splitserve.speculative.verify import at, target_probs
 
 SCHEDULES = ("static", "confidence")
 

@@ -1,23 +1,21 @@
-"""In-process channels with the same interface: `LocalChannel` (a bounded queue between
-threads) and `DumpChannel` (an offline dump read as a consumer end)."""
+"""`LocalChannel`: a channel between threads of one process (a bounded queue), with the same
+interface and failure semantics as the network channels (stream/p2p.py)."""
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Sequence
 from dataclasses import replace
 from time import perf_counter
-from typing import Protocol
 
 from splitserve.records import HiddenRecord
-from splitserve.split.channel import (
+from splitserve.stream.channel import (
     ChannelStats,
     ConsumerStopped,
     ProducerError,
     record_nbytes,
 )
-from splitserve.split.wire import Kind
+from splitserve.stream.wire import Kind
 
 
 class _Marker:
@@ -98,41 +96,3 @@ class LocalChannel:
     def stats(self) -> ChannelStats:
         with self._lock:
             return replace(self._stats)
-
-
-class _Indexable(Protocol):
-    def __getitem__(self, i: int) -> HiddenRecord: ...
-
-
-class DumpChannel:
-    """Records of an offline dump (`DumpReader`) in the given order, as a consumer end.
-
-    Lets online and offline training share one consumer loop. recv_wait_s is the time spent
-    reading from disk.
-    """
-
-    def __init__(self, reader: _Indexable, indices: Sequence[int]) -> None:
-        self.reader = reader
-        self._indices = list(indices)
-        self._pos = 0
-        self._stats = ChannelStats()
-
-    def send(self, record: HiddenRecord) -> None:
-        raise RuntimeError("DumpChannel only receives")
-
-    def recv(self) -> HiddenRecord | None:
-        if self._pos >= len(self._indices):
-            return None
-        t0 = perf_counter()
-        record = self.reader[self._indices[self._pos]]
-        self._stats.recv_wait_s += perf_counter() - t0
-        self._pos += 1
-        self._stats.records += 1
-        self._stats.bytes += record_nbytes(record)
-        return record
-
-    def close(self) -> None:
-        self._pos = len(self._indices)
-
-    def stats(self) -> ChannelStats:
-        return replace(self._stats)

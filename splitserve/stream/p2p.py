@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from splitserve.records import HiddenRecord
-from splitserve.split.channel import (
+from splitserve.stream.channel import (
     ChannelClosed,
     ChannelMismatch,
     ChannelSpec,
@@ -24,7 +24,7 @@ from splitserve.split.channel import (
     ProducerError,
     Role,
 )
-from splitserve.split.wire import (
+from splitserve.stream.wire import (
     HEADER_LEN,
     HEADER_NBYTES,
     MAGIC,

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm import tqdm
 
-from splitserve.spec.decode import SpecDecoder, target_decode
+from splitserve.speculative.decode import SpecDecoder, target_decode
 from splitserve.target.sdpa import varlen_sdpa
 
 
@@ -85,8 +85,8 @@ def _engine_decoder(target, draft, max_new_tokens, temperature, seed, eos_ids, r
     as it would be served."""
     import copy
 
-    from splitserve.serve.config import EngineConfig
-    from splitserve.serve.engine import Engine, SamplingParams
+    from splitserve.config import EngineConfig
+    from splitserve.speculative.engine import Engine, SamplingParams
 
     if next(draft.parameters()).dtype != target.dtype:
         draft = copy.deepcopy(draft).to(target.dtype)

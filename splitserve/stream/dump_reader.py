@@ -22,8 +22,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from splitserve.records import SCHEMA_VERSION, HiddenRecord
-from splitserve.target.backend import TargetInfo
+from splitserve.records import SCHEMA_VERSION, HiddenRecord, TargetInfo
 
 FORMAT = "splitserve-hidden-dump"
 MANIFEST_NAME = "manifest.json"

@@ -1,6 +1,6 @@
 """Verification kernels: the accept/reject step of one speculative round in one or two launches.
 
-The PyTorch reference is `splitserve/spec/verify.py`; every function here has the same
+The PyTorch reference is `splitserve/speculative/verify.py`; every function here has the same
 signature and returns the same values (tests/test_kernel_verify.py checks it, on CUDA or under
 TRITON_INTERPRET=1). `greedy_verify` / `sampling_verify` below dispatch: Triton on CUDA tensors
 when triton is importable, the reference otherwise, so callers never branch. Triton is an
@@ -15,21 +15,14 @@ from __future__ import annotations
 
 import torch
 
-from splitserve.spec import verify as reference
+from splitserve.accel import HAS_TRITON, triton_usable
+from splitserve.speculative import verify as reference
 
-try:
+if HAS_TRITON:
     import triton
     import triton.language as tl
 
-    HAS_TRITON = True
-except ImportError:  # CPU-only installs
-    HAS_TRITON = False
-
 BLOCK_V = 1024
-
-
-def triton_usable(t: torch.Tensor) -> bool:
-    return HAS_TRITON and t.is_cuda
 
 
 def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

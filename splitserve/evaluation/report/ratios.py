@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from splitserve.report.runs import TRAINED_KEY as KEY
-from splitserve.report.runs import RunSummary, read_json
+from splitserve.evaluation.report.runs import TRAINED_KEY as KEY
+from splitserve.evaluation.report.runs import RunSummary, read_json
 
 BASELINES = (("paper-defined", "dflash_ce"), ("head-only", None))  # None: the DSpark run's own loss
 

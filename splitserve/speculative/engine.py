@@ -36,16 +36,16 @@ from functools import partial
 
 import torch
 
-from splitserve.kernels import verify as verify_kernels
+from splitserve.config import EngineConfig
 from splitserve.models.dspark import DSparkDraft
-from splitserve.serve.config import EngineConfig
-from splitserve.serve.graphs import StepGraphs
-from splitserve.spec import verify as verify_reference
-from splitserve.spec.context import StaticDraftContext
-from splitserve.spec.decode import pick_token
-from splitserve.spec.schedule import SCHEDULES, choose_prefix, linear_cost, prefix_survival, truncate_verify
-from splitserve.spec.verify import verify_block
+from splitserve.speculative import verify as verify_kernels
+from splitserve.speculative import verify as verify_reference
+from splitserve.speculative.context import StaticDraftContext
+from splitserve.speculative.decode import pick_token
+from splitserve.speculative.schedule import SCHEDULES, choose_prefix, linear_cost, prefix_survival, truncate_verify
+from splitserve.speculative.verify import verify_block
 from splitserve.target.arch import text_config
+from splitserve.target.graphs import StepGraphs
 
 MODES = ("spec", "ar")
 

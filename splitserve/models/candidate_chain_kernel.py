@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from splitserve.kernels.verify import HAS_TRITON, triton_usable
+from splitserve.accel import HAS_TRITON, triton_usable
 from splitserve.models.candidate_chain import chain_argmax_reference
 
 

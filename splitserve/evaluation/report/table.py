@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from splitserve.report.runs import RunSummary, config_labels
+from splitserve.evaluation.report.runs import RunSummary, config_labels
 
 
 def _fmt(x, spec: str) -> str:

@@ -1,28 +1,25 @@
-"""Find and load a trained draft: from a training run directory or from an HF export.
+"""Find and load a trained draft and its target: the one loader every command uses.
 
     run dir:    draft_arch.json + checkpoints/latest -> trainable weights; shared weights are
                 copied from the target
     export dir: config.json (architectures = ["DSparkDraftModel"]) + model.safetensors
-Compatibility with the target is checked from metadata alone, before any weight is read.
-"""
+The draft's metadata is checked against the target's config before any weight is read, so a
+draft made for another target is refused at start with every difference named
+(DraftMismatchError)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file
 
+from splitserve.config import ModelsConfig, TargetConfig
 from splitserve.models.build import check_compatible
 from splitserve.models.dspark import DSparkArch, DSparkDraft
-from splitserve.train.checkpoint import CheckpointError, latest_checkpoint, load_weights
-
-ARCH_FILE = "draft_arch.json"
-
-
-def save_arch(run_dir: Path, arch: DSparkArch, target_path: str) -> None:
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / ARCH_FILE).write_text(json.dumps({"arch": arch.to_dict(), "target_path": target_path}, indent=2))
+from splitserve.speculative.calibration_file import load_calibration, temperatures_for
+from splitserve.train.checkpoint import ARCH_FILE, CheckpointError, latest_checkpoint, load_weights
 
 
 def read_draft_meta(path: str | Path) -> tuple[DSparkArch, str, str | None]:
@@ -65,3 +62,34 @@ def load_draft(path: str | Path, target, checkpoint: str | Path | None = None) -
         if missing or unexpected:
             raise CheckpointError(f"{file} does not fit its config: missing={missing[:5]} unexpected={unexpected[:5]}")
     return draft.to(device=target.device, dtype=target.dtype).eval()
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    if dtype != "auto":
+        return dtype
+    on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    return "bfloat16" if on_cuda else "float32"
+
+
+def target_config_for(cfg: ModelsConfig) -> tuple[TargetConfig, object]:
+    """-> (the target's config with the draft's captured layers, the draft's arch)."""
+    arch, _, run_target = read_draft_meta(cfg.draft)
+    target_path = cfg.target or run_target or "smollm2-135m"
+    tcfg = TargetConfig(name=Path(target_path).name, path=target_path, device=cfg.device,
+                        dtype=resolve_dtype(cfg.dtype, cfg.device), layer_ids=list(arch.target_layer_ids),
+                        revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
+    return tcfg, arch
+
+
+def load_models(cfg: ModelsConfig):
+    """-> (HFTarget, DSparkDraft), both on the target's device and dtype, in eval mode."""
+    from splitserve.target.hf import load_hf_target, peek_target_info
+
+    tcfg, arch = target_config_for(cfg)
+    check_compatible(arch, peek_target_info(tcfg), where=f"draft {cfg.draft}")
+    target = load_hf_target(tcfg)
+    draft = load_draft(cfg.draft, target)
+    # STS temperatures of the primary calibration fit (calibration.json of the run or export), for
+    # confidence-scheduled verification; None: the engine uses the raw c_k.
+    draft.confidence_temperatures = temperatures_for(load_calibration(cfg.draft))
+    return target, draft

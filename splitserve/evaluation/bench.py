@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from splitserve.serve.config import BenchConfig, EngineConfig, ModelsConfig
-from splitserve.serve.engine import Engine, SamplingParams
+from splitserve.config import BenchConfig, EngineConfig, ModelsConfig
+from splitserve.speculative.engine import Engine, SamplingParams
 
 
 @dataclass
@@ -196,8 +196,8 @@ def format_table(results: dict[str, MethodResult]) -> str:
 def _prompts(cfg: BenchConfig, target, draft) -> tuple[list[list[int]], frozenset[int]]:
     """-> (prompt token ids, EOS ids that end a reply; empty for fixed-length synthetic requests)."""
     if cfg.prompts is not None:
+        from splitserve.evaluation.heldout import load_prompt_ids
         from splitserve.target.eos import eos_ids
-        from splitserve.train.heldout import load_prompt_ids
 
         return load_prompt_ids(cfg.prompts, target.tokenizer, cfg.num_requests), eos_ids(target)  # as the server
     avoid = set(getattr(target.tokenizer, "all_special_ids", None) or []) | {draft.arch.mask_token_id}
@@ -207,7 +207,7 @@ def _prompts(cfg: BenchConfig, target, draft) -> tuple[list[list[int]], frozense
 def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, target=None, draft=None) -> dict:
     """Runs every method, prints the table, writes JSON when asked -> the report dict.
     `target` / `draft` may be passed in already loaded (tests); otherwise they are loaded."""
-    from splitserve.serve.loading import load_models
+    from splitserve.loading import load_models
 
     if cfg.input_len < 1 or cfg.output_len < 1 or cfg.num_requests < 1:
         raise ValueError("input_len, output_len and num_requests must be >= 1")

@@ -1,1 +1,0 @@
-"""GPU kernels, each with a plain-PyTorch reference of the same signature."""
