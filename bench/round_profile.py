@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.roles_gpu import RANDOM_SHAPES, random_target, untrained_draft  # noqa: E402
 from splitserve.config import EngineConfig, ModelsConfig  # noqa: E402
 from splitserve.evaluation.bench import synthetic_prompts  # noqa: E402
+from splitserve.evaluation.gpu_trace import long_gap_neighbours, union  # noqa: E402
 from splitserve.loading import load_models  # noqa: E402
 from splitserve.speculative.engine import Engine, SamplingParams  # noqa: E402
 from splitserve.target.eos import eos_ids  # noqa: E402
@@ -126,32 +127,6 @@ def requests(engine: Engine, prompts: list[list[int]], params: SamplingParams, m
     return out
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for a, b in sorted(intervals):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return [(a, b) for a, b in merged]
-
-
-def long_gap_neighbours(events: list[dict], boundary_starts: set, threshold_us: float, top: int = 12) -> list[dict]:
-    """The GPU gaps longer than threshold_us inside a graph (not at a round boundary), grouped by
-    the activity that ends before the gap and the one that starts after it: which graph nodes
-    the long gaps follow. events: chrome-trace "X" events (ts, dur, name), any order."""
-    evs = sorted(events, key=lambda ev: ev["ts"])
-    groups: dict[tuple[str, str], list[float]] = {}
-    end, before = None, None  # the latest end so far, and the activity that reached it
-    for ev in evs:
-        if end is not None and ev["ts"] - end > threshold_us and ev["ts"] not in boundary_starts:
-            groups.setdefault((before, ev["name"]), []).append(ev["ts"] - end)
-        if end is None or ev["ts"] + ev["dur"] > end:
-            end, before = ev["ts"] + ev["dur"], ev["name"]
-    rows = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:top]
-    return [{"before": b[:120], "after": a[:120], "count": len(g), "total_us": sum(g)} for (b, a), g in rows]
-
-
 def idle_profile(engine: Engine, prompt: list[int], params: SamplingParams) -> dict:
     """GPU activity of one spec request after its prefill (µs, from a chrome trace)."""
     from torch.profiler import ProfilerActivity, profile
@@ -170,7 +145,7 @@ def idle_profile(engine: Engine, prompt: list[int], params: SamplingParams) -> d
         return {"error": "no GPU activity or no graph launches in the trace"}
     t0 = launches[0]
     window = [(ev["ts"], ev["ts"] + ev["dur"]) for ev in gpu if ev["ts"] >= t0]
-    busy = _union(window)
+    busy = union(window)
     span = busy[-1][1] - t0
     busy_us = sum(b - a for a, b in busy)
     gaps = [(busy[i + 1][0] - busy[i][1], busy[i + 1][0]) for i in range(len(busy) - 1)]

@@ -115,3 +115,18 @@ def test_importing_the_package_or_its_config_loads_nothing_heavy(module):
     code = f"import sys, {module}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
+
+
+def test_tests_never_import_bench():
+    """bench/ scripts may use the tests' support modules (tiny models, the architecture matrix);
+    tests never depend on a bench script: what a test needs from one belongs in the package."""
+    found = []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}:{node.lineno}: imports {n}" for n in names if n.split(".")[0] == "bench"]
+        if re.search(r"""["']bench["']\s*/|["']bench/[\w./]+\.py["']""", text):
+            found.append(f"{path.name}: loads a file under bench/")
+    assert found == []

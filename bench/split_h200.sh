@@ -3,7 +3,7 @@
 # the GPU, so the transport is gloo through host memory). Needs the SmolLM2 target cached
 # (splitserve.assets) and the chitchat training JSONL; OUT receives the results.
 #
-#   OUT=results bash launch/h200_split.sh path/to/chitchat/train.jsonl
+#   OUT=results bash bench/split_h200.sh path/to/chitchat/train.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=${1:?chitchat train.jsonl}

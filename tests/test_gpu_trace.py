@@ -1,12 +1,7 @@
-"""bench/round_profile.py's trace reading: which activities the long in-graph GPU gaps follow."""
+"""GPU trace reading (evaluation/gpu_trace.py, used by bench/round_profile.py): which activities the
+long in-graph GPU gaps follow."""
 
-import importlib.util
-from pathlib import Path
-
-_PATH = Path(__file__).parents[1] / "bench" / "round_profile.py"
-_SPEC = importlib.util.spec_from_file_location("round_profile", _PATH)
-round_profile = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(round_profile)
+from splitserve.evaluation import gpu_trace
 
 
 def _ev(name, ts, dur):
@@ -25,7 +20,7 @@ def test_long_gaps_grouped_by_neighbours_and_boundaries_left_out():
         _ev("inner", 102.0, 3.0),  # overlaps gemm: the gap after it is measured from gemm's end (110)
         _ev("argmax", 118.0, 1.0),  # 8 µs after gemm (not after inner)
     ]
-    rows = round_profile.long_gap_neighbours(events[::-1], boundary_starts={100.0}, threshold_us=5.0)
+    rows = gpu_trace.long_gap_neighbours(events[::-1], boundary_starts={100.0}, threshold_us=5.0)
     got = {(r["before"], r["after"]): (r["count"], r["total_us"]) for r in rows}  # whole µs: exact sums
     assert got == {("norm", "copy"): (2, 14.0), ("copy", "gemm"): (1, 9.0), ("gemm", "argmax"): (1, 8.0)}
     assert rows[0]["before"] == "norm"  # largest total first
