@@ -257,7 +257,7 @@ class EngineConfig:
     verify_kernel: str = "auto"  # auto: Triton on CUDA when installed | torch: the reference
     seed: int = 0  # generator seed for T>0 requests that bring no seed of their own
     # static: verify the whole block (the default) | confidence: verify only the prefix d_1..d_L
-    # chosen from the draft's calibrated prefix survivals (spec/schedule.py; lossless either way)
+    # chosen from the draft's calibrated prefix survivals (speculative/schedule.py; lossless either way)
     verify_schedule: str = "static"
     # relative cost of verifying k+1 tokens, k = 0..γ (γ+1 values; time target forwards of each
     # width on the serving device to fill it); None: the linear model 1 + verify_cost_beta * k

@@ -1,4 +1,4 @@
-"""Triton kernels agree with their PyTorch references exactly: the verify kernels (spec/verify.py)
+"""Triton kernels agree with their PyTorch references exactly: the verify kernels (speculative/verify.py)
 and the Markov candidate chain (models/candidate_chain.py).
 
 Runs on CUDA, or on the CPU under TRITON_INTERPRET=1 when triton is installed; skipped otherwise.

@@ -65,7 +65,7 @@ Decode = Callable[[list[int]], tuple[list[int], list[int], list[list[float]]]]  
 
 
 def _reference_decoder(target, draft, max_new_tokens, temperature, seed, eos_ids, record_confidence) -> Decode:
-    """The reference loop (spec/decode.py), one generator stream across prompts."""
+    """The reference loop (speculative/decode.py), one generator stream across prompts."""
     decoder = SpecDecoder(target, draft)
     gen = torch.Generator(device=target.device).manual_seed(seed)
 

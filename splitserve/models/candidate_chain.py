@@ -2,7 +2,7 @@
 
 The exact greedy stage (DSparkDraft.draft) runs γ dependent steps, each an (r x V) product and
 an argmax over V. At batch 1 on a small target that is γ x 3 launches and γ reads of the head's
-V x r matrix per round: for SmolLM2 (r=256, V=49,152, γ=16) about 0.2 ms of a 2.2 ms round.
+V x r matrix per round, a visible share of the round.
 Keeping only the K largest backbone logits of each position makes every score the chain can
 need computable in parallel before it starts:
 
@@ -10,13 +10,13 @@ need computable in parallel before it starts:
     trans[k-1][i, j]  = B(c_{k-1,i} -> c_{k,j})     bias of candidate j at k given candidate i at k-1
 
 one batched (γ-1, K, r) x (γ-1, r, K) product. The chain is then γ argmaxes over K values
-(`chain_argmax`: one small kernel on CUDA, kernels/chain.py).
+(`chain_argmax`: one small kernel on CUDA, candidate_chain_kernel.py beside this file).
 
 It gives the exact stage's tokens whenever each argmax of U_k + B_k lies among U_k's top K
 (always when K = V). It is a drafting choice only: greedy verification commits the target's own
 tokens whatever the draft proposes, so the output cannot change; only τ can. And it does: a
-trained head often lifts a token the backbone ranks far lower, so on an H200 with a trained γ=16
-SmolLM2 draft K=256 saved 0.18 ms per round but lost 11% of τ (docs/results/engine_h200.md).
+trained head often lifts a token the backbone ranks far lower, so with a trained γ=16 SmolLM2
+draft the time saved per round did not pay for the τ lost (docs/results/engine_h200.md).
 It is therefore opt-in (EngineConfig.markov_topk). Heads whose bias depends on the path beyond
 the previous token (rnn) keep the exact stage.
 Glossary: γ block size, K candidates per position, V vocab, r Markov rank, D draft hidden size.

@@ -21,7 +21,7 @@ nothing else leaves the device.
 
 AR mode is the same engine without the draft: one token per step through the same static cache.
 Verification width is static (γ+1). With `verify_schedule="confidence"` the round also picks,
-on the device, a prefix length L from the draft's calibrated c_k (spec/schedule.py) and treats
+on the device, a prefix length L from the draft's calibrated c_k (speculative/schedule.py) and treats
 d_{L+1}.. as rejected: accepted = min(n, L), the next token drawn from q_L when all of d_1..d_L
 passed. The verify forward keeps its width γ+1 (one CUDA graph), so this saves no target compute
 yet: it is the lossless selection, and the seam where one graph per width would be selected.
@@ -72,7 +72,7 @@ class SamplingParams:
     temperature: float = 0.0
     seed: int | None = None
     eos_ids: frozenset[int] = frozenset()  # empty: ignore EOS (fixed output length)
-    top_k: int = 0  # T>0: sample from the k most likely tokens (0: all); spec/verify.py truncate_probs
+    top_k: int = 0  # T>0: sample from the k most likely tokens (0: all); speculative/verify.py truncate_probs
     top_p: float = 1.0  # T>0: then from the smallest set holding this much mass (1: all)
 
 

@@ -116,7 +116,7 @@ def verify_block(
     At T>0 the target logits become q = truncate(softmax(logits / T), top_k, top_p) (greedy
     ignores top_k / top_p: truncation keeps the argmax) and the random numbers are drawn
     here, in a fixed order, so every caller consumes its generator the same way.
-    `greedy` / `sampling` swap in faster implementations of the same signatures (kernels/).
+    `greedy` / `sampling` swap in faster implementations of the same signatures (verify_kernel.py).
     """
     if temperature > 0:
         q = target_probs(target_logits, temperature, top_k, top_p)

@@ -51,7 +51,7 @@ if HAS_TRITON:
     def _chunk_argmax_kernel(logits_ptr, stride_row, V, val_ptr, idx_ptr, chunks, BLOCK: tl.constexpr):
         # Program (r, c): max and argmax of row r over vocab chunk c (first index on ties).
         # Splitting each row over many programs keeps the read parallel: one program per row
-        # walking 48 tiles of SmolLM2's vocab in turn took 26 us of a 2.2 ms round on an H200.
+        # would walk the whole vocab tile by tile, serially.
         row, chunk = tl.program_id(0), tl.program_id(1)
         offs = chunk * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(logits_ptr + row * stride_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)

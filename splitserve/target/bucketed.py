@@ -1,7 +1,7 @@
 """Training captures at a few fixed lengths, each replayed as a CUDA graph.
 
-One eager transformers forward of the 135M target costs 22–34 ms of host time on an H200 for
-about 2 ms of GPU work (docs/results/train_step_h200.md): Python and kernel launches. Training
+An eager transformers forward of a small target costs many times more host time (Python and
+kernel launches) than GPU work (docs/results/train_step_h200.md). Training
 captures one sample at a time, so that cost is paid per sample. Here a sample is right-padded
 to its length bucket (the next power of two, at least `min_bucket`) and the forward for that
 bucket runs as one CUDA graph: one launch per capture.

@@ -3,10 +3,9 @@
 cuDNN's fused attention (PyTorch's preferred SDPA backend on Hopper) builds an execution plan
 for every new input shape. Serving reuses a few fixed shapes, so the plans are cached there.
 Training sees a new sequence length at almost every step, so plan building lands on the host
-in almost every step. On one H200 (bench/train_step_gpu.py, SmolLM2 shape, 8 sequences x 64
-anchors, γ=8), excluding cuDNN took the draft's forward + loss from 740 ms to 16 ms and its
-backward from 1,160 ms to 18 ms. The FlashAttention and memory-efficient kernels need no
-per-shape plan. Neither takes grouped K/V together with a mask on CUDA: that call would fall
+in almost every step, and it costs far more than the step's attention itself
+(docs/results/train_step_h200.md measures it). The FlashAttention and memory-efficient kernels
+need no per-shape plan. Neither takes grouped K/V together with a mask on CUDA: that call would fall
 to the math kernel and its (B, H, Q, K) fp32 scores, so the draft's training attention repeats
 K/V to the query heads first (models/layers.py, InjectedAttention).
 """

@@ -11,7 +11,7 @@ stale entries beyond it are masked out and later overwritten. Every shape is fix
 Attention window: `bind(positions, window=W)` makes the next forward attend to slots 0..W-1
 only, not the whole buffer. The caller picks W >= every position written, so nothing visible
 is cut; a short chat in a long-context server then pays attention over its live prefix rather
-than over `max_len` slots (one CUDA graph per window, serve/engine.py). This window is the
+than over `max_len` slots (one CUDA graph per window, speculative/engine.py). This window is the
 engine's, not the model's: a sliding-window layer's own window is applied by its mask
 (`visible_mask(..., sliding_window)`), over the same buffers.
 
