@@ -1,7 +1,7 @@
 """Overfit check on the real target: a draft trained on one target-generated sequence should
 accept every block on it (τ = γ + 1).
 
-    python bench/overfit_real.py [--gamma 8] [--steps 400] [--out docs/results/overfit_smollm2.json]
+    python bench/overfit_real.py [--gamma 8] [--steps 400] [--out docs/results/foundation/overfit_smollm2.json]
 
 Loss: the paper mix (0.1 CE + 0.9 TV + 1.0 confidence).
 
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--ce-weight", type=float, default=0.1, help="0.1 is the paper mix")
     ap.add_argument("--prompt-index", type=int, default=0)
-    ap.add_argument("--out", default="docs/results/overfit_smollm2.json")
+    ap.add_argument("--out", default="docs/results/foundation/overfit_smollm2.json")
     args = ap.parse_args()
 
     torch.manual_seed(0)

@@ -2,7 +2,7 @@
 held-out prompts.
 
     python bench/server_exactness.py --draft runs/quickstart --num-prompts 50 --max-tokens 48 \
-        --out docs/results/server_exactness.json
+        --out docs/results/exactness/server_exactness_smollm2.json
 
 Starts `splitserve serve`'s server in this process (real SmolLM2 target, a trained draft),
 sends each held-out chitchat prompt through the official `openai` client with stream=True and
