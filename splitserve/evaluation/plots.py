@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from splitserve.evaluation.report.runs import LENGTH_KEYS, RunSummary, config_labels
+if TYPE_CHECKING:  # report/ draws its sweep plots with this module
+    from splitserve.evaluation.report.runs import RunSummary
 
 
 def _pyplot():
@@ -54,6 +56,8 @@ def plot_acceptance(named: dict, path: str | Path, title: str = "held-out condit
 
 def plot_acceptance_by_config(runs: list[RunSummary], path: Path) -> Path:
     """One line per sweep run (its main evaluation), labelled by what differs between runs."""
+    from splitserve.evaluation.report.runs import config_labels
+
     named = {label: r.main_eval for r, label in zip(runs, config_labels(runs)) if r.main_eval is not None}
     return plot_acceptance(named, path)
 
@@ -64,6 +68,8 @@ def plot_tau_vs_tokens(runs: list[RunSummary], path: Path) -> Path:
     checkpoints measured into tau_curve.json; runs that differ only in training length join one
     line. Right: the teacher-forced mean
     acceptance α logged during training (metrics.jsonl), a cheap proxy between those points."""
+    from splitserve.evaluation.report.runs import LENGTH_KEYS, config_labels
+
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
     lines: dict[str, list[tuple[int, float, float | None]]] = defaultdict(list)
