@@ -329,7 +329,7 @@ def compose_plain(overrides: list[str], conf: Path) -> RunConfig:
         if leaf not in node and not key.startswith("+"):
             raise KeyError(f"could not override {key!r}: no such key (to add one: +{key}={text})")
         node[leaf] = yaml.safe_load(text) if text else ""
-    return _build(RunConfig, _interpolate(tree, tree))
+    return from_dict(RunConfig, _interpolate(tree, tree))
 
 
 def _merge(into: dict, data: dict, where: str) -> None:
@@ -361,9 +361,10 @@ def _interpolate(value, root: dict):
     return value
 
 
-def _build(cls, data: dict):
-    """A dict -> the dataclass `cls`, values converted to the field types as OmegaConf does (YAML's
-    "3e-3" is a string, a float field's value a float)."""
+def from_dict(cls, data: dict):
+    """A dict (e.g. a run's config.yaml, read with yaml.safe_load) -> the dataclass `cls`, nested
+    dataclasses included; values are converted to the field types as OmegaConf does (YAML's "3e-3"
+    is a string, a float field's value a float). An unknown key is a TypeError."""
     import typing
 
     hints = typing.get_type_hints(cls)
@@ -380,7 +381,7 @@ def _coerce(hint, value):
             return None
         return _coerce(next(a for a in args if a is not type(None)), value)
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value)
+        return from_dict(hint, value)
     if origin in (list, tuple):
         return origin(_coerce(args[0], v) for v in value) if value is not None else value
     if hint is bool and isinstance(value, str):

@@ -53,3 +53,15 @@ def test_compose_without_hydra_takes_the_plain_path(monkeypatch):
     monkeypatch.setitem(sys.modules, "hydra", None)  # import hydra now raises ImportError
     assert compose(["experiment=quickstart", "draft=dspark_b16"]) == compose_plain(
         ["experiment=quickstart", "draft=dspark_b16"], PACKAGE_CONF)
+
+
+def test_a_written_config_reads_back():
+    """from_dict: a config.yaml written with yaml.safe_dump (bench/ablation_gpu.py) -> the same RunConfig."""
+    import dataclasses
+
+    import yaml
+
+    from splitserve.config import from_dict
+
+    cfg = compose(["experiment=ablate_block", "+data.chat_template_kwargs.enable_thinking=false", "train.lr=3e-4"])
+    assert from_dict(RunConfig, yaml.safe_load(yaml.safe_dump(dataclasses.asdict(cfg)))) == cfg
