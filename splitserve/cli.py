@@ -11,7 +11,8 @@
     splitserve bench  --draft D [...]     batch-1 latency on synthetic prompts, optionally vs baselines
 
 `train` and `dump` are Hydra apps over the package's `splitserve/conf/` (so `-m` multirun
-sweeps work); the other commands take plain flags. A user error (a bad file, row, flag, port or
+sweeps work; splitserve.config.compose gives the same RunConfig to scripts); the other commands
+take plain flags, each bound to a field of their config dataclasses (Flags), defaults in config.py. A user error (a bad file, row, flag, port or
 draft) prints one line and exits 1; `--debug` anywhere on the line shows its traceback instead.
 """
 
