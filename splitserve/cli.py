@@ -12,8 +12,9 @@
 
 `train` and `dump` are Hydra apps over the package's `splitserve/conf/` (so `-m` multirun
 sweeps work; splitserve.config.compose gives the same RunConfig to scripts); the other commands
-take plain flags, each bound to a field of their config dataclasses (Flags), defaults in config.py. A user error (a bad file, row, flag, port or
-draft) prints one line and exits 1; `--debug` anywhere on the line shows its traceback instead.
+take plain flags, each bound to a field of their config dataclasses (Flags), defaults in
+config.py. A user error (a bad file, row, flag, port or draft) prints one line and exits 1;
+`--debug` anywhere on the line shows its traceback instead.
 """
 
 from __future__ import annotations
