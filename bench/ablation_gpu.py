@@ -5,12 +5,13 @@
     python bench/ablation_gpu.py best  --root R      (a run dir holding the best measured checkpoint)
 
 It is the sweep `splitserve train -m draft=dspark_b8,dspark_b16 loss=paper,prefix` plus the two
-DFlash runs (`draft=dflash_b8,dflash_b16 loss=paper`), with each draft's and loss's settings read
-from the same splitserve/conf/draft/*.yaml and splitserve/conf/loss/*.yaml files, driven without Hydra so that it runs
-where only torch and transformers are installed. The runs share one recipe (RECIPE below, with
---num-layers / --batch-size / --lr to change it for all of them) and all train at once, one
-process each: on one GPU they share it (each is small next to an H200); on several, the runs
-go round-robin, one GPU each where there are enough.
+DFlash runs (`draft=dflash_b8,dflash_b16 loss=paper`): each run's RunConfig is composed from
+splitserve/conf/ by splitserve.config.compose with the recipe as overrides (Hydra where it is
+installed, else the same composition in plain Python, so that it runs where only torch and
+transformers are), and trained by splitserve.train.loop.train. The runs share one recipe (RECIPE
+below, with --num-layers / --batch-size / --lr to change it for all of them) and all train at
+once, one process each: on one GPU they share it (each is small next to an H200); on several,
+the runs go round-robin, one GPU each where there are enough.
 
 Equal budget. Processes that share a GPU do not run at the same speed, so every run trains for
 the same wall time and checkpoints every --save-every steps, keeping them all. `eval` then takes
@@ -37,19 +38,10 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from splitserve.config import RunConfig, TrainConfig, compose, from_dict
+from splitserve.train.checkpoint import checkpoint_dirs
 
-from splitserve.config import (  # noqa: E402
-    DataConfig,
-    DraftConfig,
-    EvalConfig,
-    LossConfig,
-    RunConfig,
-    TargetConfig,
-    TrainConfig,
-)
-from splitserve.train.checkpoint import checkpoint_dirs  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # (draft, loss): the 2x2 DSpark grid, then DFlash (markov_rank 0, no confidence head) at both γ
 # twice: on CE alone (loss=dflash_ce, the paper's baseline: the "paper-defined" ratio) and on the
@@ -73,42 +65,43 @@ def recipe(args) -> dict:
     return {**RECIPE, **{k: v for k, v in given.items() if v is not None}}
 
 
-def _conf(group: str, name: str) -> dict:
-    return yaml.safe_load((REPO / "splitserve" / "conf" / group / f"{name}.yaml").read_text()) or {}
-
-
-def _draft_conf(draft: str, num_layers: int, markov_rank: int | None) -> dict:
-    """conf/draft/<draft>.yaml with the recipe's depth; --markov-rank resizes DSpark's head only
-    (DFlash stays at rank 0, no head)."""
-    conf = {**_conf("draft", draft), "num_layers": num_layers}
-    if markov_rank is not None and conf.get("markov_rank", DraftConfig.markov_rank) > 0:
-        conf["markov_rank"] = markov_rank
-    return conf
-
-
 def run_name(i: int, draft: str, loss: str) -> str:
     return f"{i}_draft={draft},loss={loss}"  # Hydra's job-dir naming, so the report labels match a multirun
 
 
+def _value(v) -> str:
+    """A Python value as an override's right-hand side (strings quoted: paths may hold any character)."""
+    if v is None or isinstance(v, bool):
+        return {None: "null", True: "true", False: "false"}[v]
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    return "'" + v.replace("'", "\\'") + "'" if isinstance(v, str) else str(v)
+
+
 def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
+    """`splitserve train draft=DRAFT loss=LOSS` with the recipe and this invocation's flags."""
     cuda = args.device.startswith("cuda")
     rec = recipe(args)
-    return RunConfig(
-        target=TargetConfig(dtype="bfloat16" if cuda else "float32", device=args.device,
-                            capture_graphs=args.capture_graphs),
-        draft=DraftConfig(**_draft_conf(draft, rec["num_layers"], getattr(args, "markov_rank", None))),
-        data=DataConfig(train_path=args.data, heldout_prompts=args.prompts, max_length=rec["max_length"]),
-        loss=LossConfig(**_conf("loss", loss)),
-        train=TrainConfig(seed=getattr(args, "seed", TrainConfig.seed), max_steps=args.max_steps,
-                          max_minutes=args.minutes, batch_size=rec["batch_size"],
-                          anchors_per_seq=rec["anchors_per_seq"], lr=rec["lr"], markov_lr_scale=rec["markov_lr_scale"],
-                          warmup_steps=rec["warmup_steps"], log_every=args.log_every, save_every=args.save_every,
-                          keep_checkpoints=0, device=args.device, precision="bf16" if cuda else "fp32"),
-        eval=EvalConfig(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, extra_temperatures=[1.0],
-                        compare_untrained=False, prompt_sets=list(args.prompt_sets),
-                        regenerate_history=args.regenerate_history),
-        run_dir=str(run_dir),
-    )
+    settings = {
+        "target.dtype": "bfloat16" if cuda else "float32", "target.device": args.device,
+        "target.capture_graphs": args.capture_graphs, "draft.num_layers": rec["num_layers"],
+        "data.train_path": args.data, "data.heldout_prompts": args.prompts, "data.max_length": rec["max_length"],
+        "train.seed": getattr(args, "seed", TrainConfig.seed), "train.max_steps": args.max_steps,
+        "train.max_minutes": args.minutes, "train.batch_size": rec["batch_size"],
+        "train.anchors_per_seq": rec["anchors_per_seq"], "train.lr": rec["lr"],
+        "train.markov_lr_scale": rec["markov_lr_scale"], "train.warmup_steps": rec["warmup_steps"],
+        "train.log_every": args.log_every, "train.save_every": args.save_every, "train.keep_checkpoints": 0,
+        "train.device": args.device, "train.precision": "bf16" if cuda else "fp32",
+        "eval.num_prompts": args.num_prompts, "eval.max_new_tokens": args.max_new_tokens,
+        "eval.extra_temperatures": [1.0], "eval.compare_untrained": False, "eval.prompt_sets": list(args.prompt_sets),
+        "eval.regenerate_history": args.regenerate_history, "run_dir": str(run_dir),
+    }
+    overrides = [f"draft={draft}", f"loss={loss}", *(f"{k}={_value(v)}" for k, v in settings.items())]
+    cfg = compose(overrides)
+    markov_rank = getattr(args, "markov_rank", None)
+    if markov_rank is not None and cfg.draft.markov_rank > 0:  # resizes DSpark's head; DFlash keeps rank 0
+        cfg = compose([*overrides, f"draft.markov_rank={markov_rank}"])
+    return cfg
 
 
 def write_config(cfg: RunConfig, run_dir: Path, overrides: list[str]) -> None:
@@ -120,10 +113,7 @@ def write_config(cfg: RunConfig, run_dir: Path, overrides: list[str]) -> None:
 
 
 def read_config(run_dir: Path) -> RunConfig:
-    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
-    return RunConfig(target=TargetConfig(**raw["target"]), draft=DraftConfig(**raw["draft"]),
-                     data=DataConfig(**raw["data"]), loss=LossConfig(**raw["loss"]), train=TrainConfig(**raw["train"]),
-                     eval=EvalConfig(**raw["eval"]), run_dir=raw["run_dir"])
+    return from_dict(RunConfig, yaml.safe_load((run_dir / "config.yaml").read_text()))
 
 
 # ---- workers (one process per run) ---------------------------------------------------------
@@ -143,7 +133,7 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True, 
 
     from splitserve.evaluation.evaluate import evaluate
     from splitserve.evaluation.heldout import evaluate_run, load_prompt_ids
-    from splitserve.loading import load_draft
+    from splitserve.loading import load_draft, read_draft_meta
     from splitserve.target import load_target
     from splitserve.target.eos import eos_ids
     from splitserve.target.hf import pick_device
@@ -164,9 +154,10 @@ def eval_one(run_dir: Path, view: Path, s_star: int, curve_points: bool = True, 
     write_config(vcfg, view, overrides)
 
     target = load_target(cfg.target, pick_device(cfg.target.device))
+    meta = read_draft_meta(run_dir)  # once, for every checkpoint measured
 
     def draft_at(step: int):
-        return load_draft(run_dir, target, checkpoint=ckpts[step]).float()
+        return load_draft(meta, target, checkpoint=ckpts[step]).float()
 
     evaluate_run(vcfg, target, draft_at(s_star))
     steps = sorted(ckpts)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -23,9 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splitserve.target.sdpa import varlen_sdpa  # noqa: E402
+from splitserve.target.sdpa import varlen_sdpa
 
 
 def inputs(context: int, positions: int, dev: torch.device, heads: int = 9, kv_heads: int = 3, hd: int = 64):

@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splitserve.config import EngineConfig, ModelsConfig  # noqa: E402
-from splitserve.loading import load_models  # noqa: E402
-from splitserve.speculative.engine import Engine, SamplingParams  # noqa: E402
-from splitserve.target.eos import eos_ids  # noqa: E402
+from splitserve.config import EngineConfig, ModelsConfig
+from splitserve.loading import load_models
+from splitserve.speculative.engine import Engine, SamplingParams
+from splitserve.target.eos import eos_ids
 
 
 def main() -> None:

@@ -21,8 +21,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 WINDOW = 8
 VOCAB = 512
 

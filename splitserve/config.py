@@ -1,12 +1,17 @@
 """One tree of typed dataclasses: every default lives here, `conf/` YAML holds differences.
 
-Library code receives these plain dataclasses, never a Hydra DictConfig; `cli.py` converts
-once at the edge (`OmegaConf.to_object`).
+RunConfig is `splitserve train | dump` (composed by Hydra from `conf/`, or by `compose` below);
+every other command's settings are the dataclasses after it, and `cli.py` builds each command's
+flags from their fields (cli.bind), so a default is written once. Library code receives these
+plain dataclasses, never a Hydra DictConfig; `cli.py` converts once at the edge.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -233,6 +238,161 @@ class RunConfig:
     run_dir: str = "runs/${draft.name}-${target.name}"
 
 
+# --- composing a RunConfig from conf/ (what `splitserve train` sees) ---
+
+PACKAGE_CONF = Path(__file__).resolve().parent / "conf"  # package data: ships in the wheel
+GROUPS = ("target", "draft", "data", "loss", "split", "experiment")  # the conf/ groups
+
+
+def conf_dir() -> Path:
+    """The Hydra config tree: the package's own, or SPLITSERVE_CONF to use a copy of it."""
+    env = os.environ.get("SPLITSERVE_CONF")
+    path = Path(env) if env else PACKAGE_CONF
+    if not (path / "config.yaml").exists():
+        raise FileNotFoundError(f"no Hydra config at {path} (SPLITSERVE_CONF must name a directory holding "
+                                "config.yaml)")
+    return path
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), conf: str | Path | None = None) -> RunConfig:
+    """The RunConfig `splitserve train OVERRIDES...` runs, e.g.
+    compose(["draft=dspark_b16", "loss=paper", "train.lr=3e-4"]): Hydra's compose API where Hydra
+    is installed, else the same composition in plain Python (compose_plain: for GPU hosts with only
+    torch and transformers; tests/test_compose.py holds the two equal)."""
+    conf = Path(conf) if conf is not None else conf_dir()
+    try:
+        import hydra  # noqa: F401
+    except ImportError:
+        return compose_plain(list(overrides), conf)
+    return compose_hydra(list(overrides), conf)
+
+
+def compose_hydra(overrides: list[str], conf: Path) -> RunConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    ConfigStore.instance().store(name="base_config", node=RunConfig)
+    with initialize_config_dir(config_dir=str(conf.resolve()), version_base="1.3"):
+        return OmegaConf.to_object(hydra_compose(config_name="config", overrides=overrides))
+
+
+def compose_plain(overrides: list[str], conf: Path) -> RunConfig:
+    """Hydra's composition of conf/, for the subset of it this tree uses: config.yaml's defaults
+    list (a group option each, `_self_`, an optional experiment), group files merged into their
+    group or, under `# @package _global_`, into the root, an experiment's own defaults list, and
+    overrides `group=option`, `key=value` and `+key=value` (a new key of a dict field)."""
+    import yaml
+
+    choices, sets = {}, []
+    for o in overrides:
+        key, sep, text = o.partition("=")
+        if not sep:
+            raise ValueError(f"override {o!r} is not key=value")
+        if key in GROUPS:
+            choices[key] = text
+        else:
+            sets.append((key, text))
+    tree = dataclasses.asdict(RunConfig())
+
+    def load(group: str | None, name: str) -> None:
+        path = conf / (f"{group}/{name}.yaml" if group else f"{name}.yaml")
+        text = path.read_text()
+        data = yaml.safe_load(text) or {}
+        global_ = "@package _global_" in "".join(text.splitlines()[:1])
+        entries = data.pop("defaults", None) or []
+        data.pop("hydra", None)
+        if "_self_" not in entries:
+            entries = [*entries, "_self_"]
+        for entry in entries:
+            if entry == "_self_":
+                _merge(tree if global_ or group is None else tree[group], data, f"{path}")
+            elif isinstance(entry, str):  # "base_config" (the tree above), or an option of this file's group
+                if group:
+                    load(group, entry)
+            else:
+                (g, option), = entry.items()
+                option = choices.get(g, option)
+                if option not in (None, "null"):
+                    load(g, option)
+
+    for g in choices:
+        if g not in GROUPS or not (conf / g / f"{choices[g]}.yaml").exists():
+            raise ValueError(f"override {g}={choices[g]}: no such option in {conf / g}")
+    load(None, "config")
+    for key, text in sets:
+        *parents, leaf = key.lstrip("+").split(".")
+        node = tree
+        for k in parents:
+            node = node[k]
+        if leaf not in node and not key.startswith("+"):
+            raise KeyError(f"could not override {key!r}: no such key (to add one: +{key}={text})")
+        node[leaf] = yaml.safe_load(text) if text else ""
+    return from_dict(RunConfig, _interpolate(tree, tree))
+
+
+def _merge(into: dict, data: dict, where: str) -> None:
+    for k, v in data.items():
+        if k not in into:
+            raise KeyError(f"{where}: {k!r} is not a config key")
+        if isinstance(v, dict) and isinstance(into[k], dict) and into[k] and k != "chat_template_kwargs":
+            _merge(into[k], v, where)
+        else:
+            into[k] = v
+
+
+def _interpolate(value, root: dict):
+    """${a.b} references, as OmegaConf resolves them (run_dir: runs/${draft.name}-${target.name})."""
+    import re
+
+    if isinstance(value, dict):
+        return {k: _interpolate(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, root) for v in value]
+    if isinstance(value, str):
+        def lookup(m):
+            node = root
+            for k in m.group(1).split("."):
+                node = node[k]
+            return str(node)
+
+        return re.sub(r"\$\{([\w.]+)\}", lookup, value)
+    return value
+
+
+def from_dict(cls, data: dict):
+    """A dict (e.g. a run's config.yaml, read with yaml.safe_load) -> the dataclass `cls`, nested
+    dataclasses included; values are converted to the field types as OmegaConf does (YAML's "3e-3"
+    is a string, a float field's value a float). An unknown key is a TypeError."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: _coerce(hints[k], v) for k, v in data.items()})
+
+
+def _coerce(hint, value):
+    import types
+    import typing
+
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        return _coerce(next(a for a in args if a is not type(None)), value)
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value)
+    if origin in (list, tuple):
+        return origin(_coerce(args[0], v) for v in value) if value is not None else value
+    if hint is bool and isinstance(value, str):
+        return {"true": True, "false": False}[value.lower()]
+    if hint in (int, float) and isinstance(value, (str, int)) and not isinstance(value, bool):
+        return hint(value)
+    if hint is str and isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
 # --- serving and benchmarking (splitserve serve | bench) ---
 
 
@@ -316,3 +476,146 @@ class BenchConfig:
     baseline: bool = False  # also: engine AR mode, transformers generate, assisted generation
     assistant: str | None = None  # small same-tokenizer causal LM for transformers assisted generation
     json_out: str | None = None
+
+
+# --- the other commands (splitserve eval | export | calibrate | report | gen) ---
+
+
+@dataclass
+class EvalCommand:
+    """`splitserve eval`: τ of a draft by speculative decoding (the draft and target: ModelsConfig)."""
+
+    prompts: str = "chitchat"  # chat JSONL ({messages} or {prompt} lines), or "chitchat"
+    num_prompts: int | None = None  # None: every prompt of the file
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+    dtype: str = "float32"  # the target's and draft's (ModelsConfig.dtype): τ is measured in float32
+    compare_untrained: bool = False  # also evaluate a freshly initialised draft
+    json: bool = False  # print the full report as JSON
+    chat_template: str | None = None  # a Jinja file replacing the target's chat template
+    chat_template_kwargs: dict[str, Any] | None = None  # handed to the chat template
+
+
+@dataclass
+class ExportCommand:
+    """`splitserve export RUN_DIR OUT_DIR` (the target: ModelsConfig.target, read on the CPU)."""
+
+    run_dir: str
+    out_dir: str
+    format: str = "hf"  # hf | speculators (vLLM) | sglang (docs/deploy.md)
+    algorithm: str | None = None  # sglang only: dspark (the default); dflash is refused
+    keep_fp32: bool = False  # speculators only: keep float32 weights (default: bfloat16)
+    force: bool = False  # replace OUT_DIR if it exists and is not empty
+
+
+@dataclass
+class CalibrateCommand:
+    """`splitserve calibrate RUN_DIR`; None: the run's own setting (its config.yaml), else the
+    EvalConfig default."""
+
+    run_dir: str
+    prompts: str | None = None  # None: the run's data.heldout_prompts
+    num_prompts: int | None = None  # None: the run's eval.num_prompts
+    max_new_tokens: int | None = None  # None: the run's eval.max_new_tokens
+    temperatures: list[float] | None = None  # None: the run's eval.temperature
+    bins: int | None = None  # ECE bins; None: the run's eval.calibration_bins
+
+
+@dataclass
+class ReportCommand:
+    """`splitserve report SWEEP_DIR`: report.md and PNG plots over a sweep's runs."""
+
+    sweep_dir: str
+    wandb: bool = False  # also log the table and plots to wandb (offline by default)
+    wandb_project: str = TrainConfig.wandb_project
+
+
+@dataclass
+class GenConfig:
+    """`splitserve gen` (data/gen.py); the fields in `settings()` are recorded in every row."""
+
+    data: str = "chitchat"  # "chitchat" (the embedded default) or a chat JSONL path
+    out: str = "gen.jsonl"
+    target: str = "smollm2-135m"  # the embedded default or a HF model directory
+    target_name: str | None = None  # default: "smollm2-135m" or the directory's name
+    max_new_tokens: int = 256  # per reply
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0  # sampling only; 1: off
+    top_k: int = 0  # sampling only; 0: off
+    seed: int = 0
+    batch_size: int = 8  # conversations in flight (continuous) or per batch (static)
+    batching: str = "continuous"  # continuous: a finished conversation frees its slot | static: whole-batch turns
+    max_rows: int | None = None  # read only the first N input rows
+    max_turns: int | None = None  # replies per conversation
+    max_length: int = 1024  # no reply to a prompt of this many tokens or more (data.max_length)
+    device: str = "auto"
+    dtype: str = "float32"
+    # A Jinja file replacing the target tokenizer's chat template (in-process only: a server renders
+    # with the template it was started with).
+    chat_template: str | None = None
+    # Handed to the chat template in-process and sent with every request through servers,
+    # e.g. {"enable_thinking": False}.
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that decides a row's content; a resumed run must match it."""
+        name = self.target_name or Path(self.target).name
+        keys = ("data", "dtype", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "max_turns",
+                "max_length", "chat_template")
+        # None when unset, as in rows written before the key existed, so those still resume.
+        return {"target": name, "target_path": self.target, **{k: getattr(self, k) for k in keys},
+                "chat_template_kwargs": self.chat_template_kwargs or None}
+
+    def check(self) -> None:
+        if self.batch_size < 1 or self.max_new_tokens < 1 or self.max_length < 1:
+            raise ValueError("batch_size, max_new_tokens and max_length must be positive")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError("need temperature >= 0, 0 < top_p <= 1 and top_k >= 0")
+        if self.batching not in ("continuous", "static"):
+            raise ValueError(f"batching must be continuous or static, got {self.batching!r}")
+
+
+@dataclass
+class EndpointConfig:
+    """`splitserve gen --endpoint`: the OpenAI-compatible servers (data/endpoint.py)."""
+
+    urls: list[str]  # server roots ("http://host:30000"); a trailing /v1 is accepted
+    concurrency: int = 32  # requests in flight per endpoint
+    timeout_s: float = 600.0  # per request, connection to last byte
+    retries: int = 5  # after the first attempt
+    backoff_s: float = 1.0  # before the first retry; doubles, capped at 60 s
+    api_key: str | None = None
+
+    def check(self) -> None:
+        if not self.urls:
+            raise ValueError("at least one --endpoint is needed")
+        if self.concurrency < 1 or self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0:
+            raise ValueError("need concurrency >= 1, timeout > 0, retries >= 0 and backoff >= 0")
+
+
+@dataclass
+class RemoteOptions:
+    """What only the endpoint path of `splitserve gen` has, beside the shared GenConfig."""
+
+    endpoint: EndpointConfig
+    num_samples: int = 1  # sampled replies per conversation, each its own row
+    # Sent with every request, e.g. {"enable_thinking": false}; None: GenConfig.chat_template_kwargs.
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning: str = "keep"  # keep | drop the server's reasoning_content
+
+    def template_kwargs(self, cfg: GenConfig) -> dict[str, Any] | None:
+        kwargs = self.chat_template_kwargs if self.chat_template_kwargs is not None else cfg.chat_template_kwargs
+        return kwargs or None
+
+    def check(self, cfg: GenConfig) -> None:
+        self.endpoint.check()
+        if cfg.chat_template:
+            raise ValueError("a chat template file applies to in-process gen; a server renders with the template "
+                             "it was started with (vLLM/SGLang: --chat-template)")
+        if self.num_samples < 1:
+            raise ValueError("num_samples must be >= 1")
+        if self.num_samples > 1 and cfg.temperature == 0:
+            raise ValueError("num_samples > 1 needs temperature > 0: greedy replies are all the same")
+        if self.reasoning not in ("keep", "drop"):
+            raise ValueError(f"reasoning must be keep or drop, got {self.reasoning!r}")

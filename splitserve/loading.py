@@ -3,13 +3,15 @@
     run dir:    draft_arch.json + checkpoints/latest -> trainable weights; shared weights are
                 copied from the target
     export dir: config.json (architectures = ["DSparkDraftModel"]) + model.safetensors
-The draft's metadata is checked against the target's config before any weight is read, so a
-draft made for another target is refused at start with every difference named
-(DraftMismatchError)."""
+The draft's metadata is read once per command (read_draft_meta -> DraftMeta, handed on to the
+loaders) and checked against the target's config before any weight is read, so a draft made for
+another target is refused at start with every difference named (DraftMismatchError). Which
+target a draft runs against is decided in one place, target_config_for."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,46 +24,61 @@ from splitserve.speculative.calibration_file import load_calibration, temperatur
 from splitserve.train.checkpoint import ARCH_FILE, CheckpointError, latest_checkpoint, load_weights
 
 
-def read_draft_meta(path: str | Path) -> tuple[DSparkArch, str, str | None]:
-    """-> (arch, kind "run" | "export", the run's target path or None)."""
+@dataclass(frozen=True)
+class DraftMeta:
+    """What a draft directory says about itself, read without its weights."""
+
+    path: Path
+    arch: DSparkArch
+    kind: str  # "run" (draft_arch.json + checkpoints) | "export" (config.json + model.safetensors)
+    target_path: str | None  # the target a run trained against; None for an export
+
+
+def read_draft_meta(path: str | Path) -> DraftMeta:
     path = Path(path)
     if (path / ARCH_FILE).exists():
         meta = json.loads((path / ARCH_FILE).read_text())
-        return DSparkArch.from_dict(meta["arch"]), "run", meta.get("target_path")
+        return DraftMeta(path, DSparkArch.from_dict(meta["arch"]), "run", meta.get("target_path"))
     if (path / "config.json").exists():
         from splitserve.export.hf import ARCHITECTURE, DSparkConfig
 
         raw = json.loads((path / "config.json").read_text())
         if ARCHITECTURE not in (raw.get("architectures") or []):
             raise ValueError(f"{path}/config.json is not a DSpark draft (architectures={raw.get('architectures')})")
-        return DSparkConfig.from_pretrained(path).to_arch(), "export", None
+        return DraftMeta(path, DSparkConfig.from_pretrained(path).to_arch(), "export", None)
     raise FileNotFoundError(
         f"{path} is neither a splitserve run directory ({ARCH_FILE}) nor a DSpark export (config.json)"
     )
 
 
-def load_draft(path: str | Path, target, checkpoint: str | Path | None = None) -> DSparkDraft:
-    """`checkpoint`: a run's checkpoint directory to load instead of its latest."""
-    arch, kind, _ = read_draft_meta(path)
-    check_compatible(arch, target.info, where=f"draft {path}")
-    draft = DSparkDraft(arch)
-    if kind == "run":
-        ckpt = Path(checkpoint) if checkpoint is not None else latest_checkpoint(Path(path))
+def _meta(draft: str | Path | DraftMeta) -> DraftMeta:
+    return draft if isinstance(draft, DraftMeta) else read_draft_meta(draft)
+
+
+def load_draft(draft: str | Path | DraftMeta, target, checkpoint: str | Path | None = None) -> DSparkDraft:
+    """`draft`: its directory, or its DraftMeta when already read. `checkpoint`: a run's
+    checkpoint directory to load instead of its latest."""
+    meta = _meta(draft)
+    path = meta.path
+    check_compatible(meta.arch, target.info, where=f"draft {path}")
+    model = DSparkDraft(meta.arch)
+    if meta.kind == "run":
+        ckpt = Path(checkpoint) if checkpoint is not None else latest_checkpoint(path)
         if ckpt is None:
             raise CheckpointError(f"run {path} has no checkpoint yet")
-        draft.load_shared(target.embed_weight(), target.lm_head_weight())
-        load_weights(ckpt, draft)
+        model.load_shared(target.embed_weight(), target.lm_head_weight())
+        load_weights(ckpt, model)
     else:
-        file = Path(path) / "model.safetensors"
+        file = path / "model.safetensors"
         try:
             weights = load_file(str(file))
         except Exception as exc:
             raise CheckpointError(f"{file} is unreadable (truncated or corrupt): {exc}") from exc
         state = {k.removeprefix("model."): v for k, v in weights.items()}
-        missing, unexpected = draft.load_state_dict(state, strict=False)
+        missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise CheckpointError(f"{file} does not fit its config: missing={missing[:5]} unexpected={unexpected[:5]}")
-    return draft.to(device=target.device, dtype=target.dtype).eval()
+    return model.to(device=target.device, dtype=target.dtype).eval()
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
@@ -71,25 +88,39 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return "bfloat16" if on_cuda else "float32"
 
 
-def target_config_for(cfg: ModelsConfig) -> tuple[TargetConfig, object]:
-    """-> (the target's config with the draft's captured layers, the draft's arch)."""
-    arch, _, run_target = read_draft_meta(cfg.draft)
-    target_path = cfg.target or run_target or "smollm2-135m"
-    tcfg = TargetConfig(name=Path(target_path).name, path=target_path, device=cfg.device,
-                        dtype=resolve_dtype(cfg.dtype, cfg.device), layer_ids=list(arch.target_layer_ids),
-                        revision=cfg.revision, trust_remote_code=cfg.trust_remote_code)
-    return tcfg, arch
+DEFAULT_TARGET = "smollm2-135m"
 
 
-def load_models(cfg: ModelsConfig):
-    """-> (HFTarget, DSparkDraft), both on the target's device and dtype, in eval mode."""
-    from splitserve.target.hf import load_hf_target, peek_target_info
+def target_config_for(meta: DraftMeta, models: ModelsConfig) -> TargetConfig:
+    """The target a draft runs against, with the draft's captured layers: `models.target` when
+    given (named by its directory), else the run's own target (named as the draft was trained
+    against it), else the embedded default."""
+    if models.target:
+        path, name = models.target, Path(models.target).name
+    else:
+        path = meta.target_path or DEFAULT_TARGET
+        name = meta.arch.target_name or Path(path).name
+    return TargetConfig(name=name, path=path, device=models.device, dtype=resolve_dtype(models.dtype, models.device),
+                        layer_ids=list(meta.arch.target_layer_ids), revision=models.revision,
+                        trust_remote_code=models.trust_remote_code)
 
-    tcfg, arch = target_config_for(cfg)
-    check_compatible(arch, peek_target_info(tcfg), where=f"draft {cfg.draft}")
-    target = load_hf_target(tcfg)
-    draft = load_draft(cfg.draft, target)
+
+def load_models(models: ModelsConfig, meta: DraftMeta | None = None, shared_weights_only: bool = False):
+    """-> (target, DSparkDraft), both on the target's device and dtype, in eval mode. The draft is
+    checked against the target's config.json before any target weight is read. `meta`: the
+    draft's metadata when the command has read it already. `shared_weights_only`: the target as
+    its embedding and lm_head alone (SharedWeightsTarget; what an export needs), not the model."""
+    from splitserve.target import hf, shared_weights
+
+    meta = meta or read_draft_meta(models.draft)
+    tcfg = target_config_for(meta, models)
+    if shared_weights_only:
+        target = shared_weights.SharedWeightsTarget(tcfg)
+    else:
+        check_compatible(meta.arch, hf.peek_target_info(tcfg), where=f"draft {meta.path}")
+        target = hf.load_hf_target(tcfg)
+    draft = load_draft(meta, target)
     # STS temperatures of the primary calibration fit (calibration.json of the run or export), for
     # confidence-scheduled verification; None: the engine uses the raw c_k.
-    draft.confidence_temperatures = temperatures_for(load_calibration(cfg.draft))
+    draft.confidence_temperatures = temperatures_for(load_calibration(meta.path))
     return target, draft

@@ -21,21 +21,7 @@ from typing import Any
 
 import httpx
 
-
-@dataclass
-class EndpointConfig:
-    urls: list[str]  # server roots ("http://host:30000"); a trailing /v1 is accepted
-    concurrency: int = 32  # requests in flight per endpoint
-    timeout_s: float = 600.0  # per request, connection to last byte
-    retries: int = 5  # after the first attempt
-    backoff_s: float = 1.0  # before the first retry; doubles, capped at 60 s
-    api_key: str | None = None
-
-    def check(self) -> None:
-        if not self.urls:
-            raise ValueError("at least one --endpoint is needed")
-        if self.concurrency < 1 or self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0:
-            raise ValueError("need concurrency >= 1, timeout > 0, retries >= 0 and backoff >= 0")
+from splitserve.config import EndpointConfig  # noqa: F401  (re-exported for callers)
 
 
 class RequestFailed(Exception):

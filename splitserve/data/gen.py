@@ -29,7 +29,6 @@ stopped.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from splitserve.data.gen_plan import (  # noqa: F401  (the reading side, re-expo
     GenSummary,
     Reply,
     Source,
+    gen_chat,
     plan_turns,
     read_done,
     read_sources,
@@ -113,7 +113,7 @@ def regenerate(
     messages: list[list[Message]] = [[] for _ in sources]
     replies: list[list[Reply]] = [[] for _ in sources]
     active = list(range(len(sources)))
-    chat = cfg.chat()
+    chat = gen_chat(cfg)
     for r in range(limit):
         going, prompts = [], []
         for i in active:
@@ -159,7 +159,7 @@ def run_gen(cfg: GenConfig, loaded: tuple[Any, Any, frozenset[int]] | None = Non
     model, tokenizer, stop = loaded or load_generator(cfg)
 
     planned = []
-    chat = cfg.chat()
+    chat = gen_chat(cfg)
     for s in sources:
         if not s.turns:
             summary.no_user_turn += 1
@@ -197,9 +197,3 @@ def run_gen(cfg: GenConfig, loaded: tuple[Any, Any, frozenset[int]] | None = Non
     bar.close()
     summary.seconds = time.time() - t0
     return summary
-
-
-def config_from_args(args: Any) -> GenConfig:
-    """An argparse namespace whose names are GenConfig fields -> GenConfig."""
-    names = {f.name for f in dataclasses.fields(GenConfig)}
-    return GenConfig(**{k: v for k, v in vars(args).items() if k in names})

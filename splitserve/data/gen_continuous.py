@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from splitserve.data.chat import ChatTemplate, Message
-from splitserve.data.gen_plan import GenConfig, Reply, Source
+from splitserve.data.gen_plan import GenConfig, Reply, Source, gen_chat
 from splitserve.data.prompts import encode_prompt
 
 OnRow = Callable[[Source, list[Message], list[Reply]], None]
@@ -81,7 +81,7 @@ def regenerate_continuous(model: Any, tokenizer: Any, sources: list[Source], cfg
     waiting = iter(range(len(sources)))
     live: dict[int, _Conversation] = {}
     ask_n = 0
-    chat = cfg.chat()
+    chat = gen_chat(cfg)
 
     def ask(i: int, conv: _Conversation) -> bool:
         nonlocal ask_n

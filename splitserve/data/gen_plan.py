@@ -1,6 +1,7 @@
 """What `splitserve gen` reads and resumes, whichever way it generates: the settings
-(GenConfig), the input conversations planned into the turns to answer (Source), and the row keys
-an output file already holds. gen.py (in process) and gen_remote.py (through servers) build on it.
+(GenConfig, in splitserve/config.py), the input conversations planned into the turns to answer
+(Source), and the row keys an output file already holds. gen.py (in process) and
+gen_remote.py (through servers) build on it.
 """
 
 from __future__ import annotations
@@ -12,58 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from splitserve.config import GenConfig
 from splitserve.data.chat import ChatTemplate, Message, parse_messages
 from splitserve.data.rows import DataError, iter_json_rows, iter_rows
 
 FORMAT_VERSION = 1
 
 
-@dataclass
-class GenConfig:
-    """What `splitserve gen` does; the fields in `settings()` are recorded in every row."""
-
-    data: str = "chitchat"  # "chitchat" (the embedded default) or a chat JSONL path
-    out: str = "gen.jsonl"
-    target: str = "smollm2-135m"  # the embedded default or a HF model directory
-    target_name: str | None = None  # default: "smollm2-135m" or the directory's name
-    max_new_tokens: int = 256  # per reply
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0  # sampling only; 1: off
-    top_k: int = 0  # sampling only; 0: off
-    seed: int = 0
-    batch_size: int = 8  # conversations in flight (continuous) or per batch (static)
-    batching: str = "continuous"  # continuous: a finished conversation frees its slot | static: whole-batch turns
-    max_rows: int | None = None  # read only the first N input rows
-    max_turns: int | None = None  # replies per conversation
-    max_length: int = 1024  # no reply to a prompt of this many tokens or more (data.max_length)
-    device: str = "auto"
-    dtype: str = "float32"
-    # A Jinja file replacing the target tokenizer's chat template (in-process only: a server renders
-    # with the template it was started with).
-    chat_template: str | None = None
-    # Handed to the chat template in-process and sent with every request through servers,
-    # e.g. {"enable_thinking": False}.
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    def settings(self) -> dict[str, Any]:
-        """Everything that decides a row's content; a resumed run must match it."""
-        name = self.target_name or Path(self.target).name
-        keys = ("data", "dtype", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "max_turns",
-                "max_length", "chat_template")
-        # None when unset, as in rows written before the key existed, so those still resume.
-        return {"target": name, "target_path": self.target, **{k: getattr(self, k) for k in keys},
-                "chat_template_kwargs": self.chat_template_kwargs or None}
-
-    def chat(self) -> ChatTemplate:
-        return ChatTemplate.load(self.chat_template, self.chat_template_kwargs)
-
-    def check(self) -> None:
-        if self.batch_size < 1 or self.max_new_tokens < 1 or self.max_length < 1:
-            raise ValueError("batch_size, max_new_tokens and max_length must be positive")
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError("need temperature >= 0, 0 < top_p <= 1 and top_k >= 0")
-        if self.batching not in ("continuous", "static"):
-            raise ValueError(f"batching must be continuous or static, got {self.batching!r}")
+def gen_chat(cfg: GenConfig) -> ChatTemplate:
+    """The chat template a GenConfig renders prompts with."""
+    return ChatTemplate.load(cfg.chat_template, cfg.chat_template_kwargs)
 
 
 @dataclass

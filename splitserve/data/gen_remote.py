@@ -28,43 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from splitserve.data.endpoint import ChatReply, EndpointConfig, EndpointPool, RequestFailed
+from splitserve.config import GenConfig, RemoteOptions  # noqa: F401  (RemoteOptions re-exported for callers)
+from splitserve.data.endpoint import ChatReply, EndpointPool, RequestFailed
 from splitserve.data.gen_plan import (
     FORMAT_VERSION,
-    GenConfig,
     GenSummary,
     Source,
     read_done,
     read_sources,
     row_key,
 )
-
-
-@dataclass
-class RemoteOptions:
-    """What only the endpoint path has, beside the shared GenConfig."""
-
-    endpoint: EndpointConfig
-    num_samples: int = 1  # sampled replies per conversation, each its own row
-    # Sent with every request, e.g. {"enable_thinking": false}; None: GenConfig.chat_template_kwargs.
-    chat_template_kwargs: dict[str, Any] | None = None
-    reasoning: str = "keep"  # keep | drop the server's reasoning_content
-
-    def template_kwargs(self, cfg: GenConfig) -> dict[str, Any] | None:
-        kwargs = self.chat_template_kwargs if self.chat_template_kwargs is not None else cfg.chat_template_kwargs
-        return kwargs or None
-
-    def check(self, cfg: GenConfig) -> None:
-        self.endpoint.check()
-        if cfg.chat_template:
-            raise ValueError("a chat template file applies to in-process gen; a server renders with the template "
-                             "it was started with (vLLM/SGLang: --chat-template)")
-        if self.num_samples < 1:
-            raise ValueError("num_samples must be >= 1")
-        if self.num_samples > 1 and cfg.temperature == 0:
-            raise ValueError("num_samples > 1 needs temperature > 0: greedy replies are all the same")
-        if self.reasoning not in ("keep", "drop"):
-            raise ValueError(f"reasoning must be keep or drop, got {self.reasoning!r}")
 
 
 @dataclass

@@ -204,15 +204,17 @@ def _prompts(cfg: BenchConfig, target, draft) -> tuple[list[list[int]], frozense
     return synthetic_prompts(target.info.vocab_size, cfg.num_requests, cfg.input_len, cfg.seed, avoid), frozenset()
 
 
-def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, target=None, draft=None) -> dict:
+def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, target=None, draft=None,
+              meta=None) -> dict:
     """Runs every method, prints the table, writes JSON when asked -> the report dict.
-    `target` / `draft` may be passed in already loaded (tests); otherwise they are loaded."""
+    `target` / `draft` may be passed in already loaded (tests); otherwise they are loaded
+    (`meta`: the draft's DraftMeta when the caller has read it)."""
     from splitserve.loading import load_models
 
     if cfg.input_len < 1 or cfg.output_len < 1 or cfg.num_requests < 1:
         raise ValueError("input_len, output_len and num_requests must be >= 1")
     if target is None:
-        target, draft = load_models(models)
+        target, draft = load_models(models, meta)
     engine_cfg = copy.copy(engine_cfg)
     prompts, eos = _prompts(cfg, target, draft)
     engine_cfg.max_context = max(engine_cfg.max_context, max(map(len, prompts)) + cfg.output_len)

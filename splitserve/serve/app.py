@@ -8,7 +8,7 @@ from pathlib import Path
 
 from splitserve.config import EngineConfig, ModelsConfig, ServerConfig
 from splitserve.errors import UserError
-from splitserve.loading import load_models
+from splitserve.loading import DraftMeta, load_models
 from splitserve.serve.server import SplitServer, bind_socket, build_server
 from splitserve.speculative.engine import Engine
 from splitserve.target.eos import eos_ids
@@ -36,11 +36,13 @@ def read_chat_template(path: str | None) -> str | None:
     return text
 
 
-def make_server(models: ModelsConfig, engine_cfg: EngineConfig, server_cfg: ServerConfig) -> SplitServer:
+def make_server(models: ModelsConfig, engine_cfg: EngineConfig, server_cfg: ServerConfig,
+                meta: DraftMeta | None = None) -> SplitServer:
+    """`meta`: the draft's metadata when the caller has read it already."""
     template = read_chat_template(server_cfg.chat_template)
     sock = bind_socket(server_cfg.host, server_cfg.port)  # a port in use fails here, before any weights
     try:
-        target, draft = load_models(models)
+        target, draft = load_models(models, meta)
         engine = Engine(target, draft, engine_cfg)
         engine.warmup("spec", 0.0)  # capture the greedy round's CUDA graph before the first client
     except BaseException:
@@ -50,9 +52,10 @@ def make_server(models: ModelsConfig, engine_cfg: EngineConfig, server_cfg: Serv
     return build_server(engine, target.tokenizer, eos_ids(target), server_cfg, name, sock, template)
 
 
-def run_server(models: ModelsConfig, engine_cfg: EngineConfig, server_cfg: ServerConfig) -> None:
+def run_server(models: ModelsConfig, engine_cfg: EngineConfig, server_cfg: ServerConfig,
+               meta: DraftMeta | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server = make_server(models, engine_cfg, server_cfg)
+    server = make_server(models, engine_cfg, server_cfg, meta)
     e = server.engine
     print(f"splitserve: serving '{server.model_name}' on {server.url}/v1 (target {e.target.info.name}, "
           f"γ={e.gamma}, context {e.max_context}, device {e.device}, "
