@@ -72,7 +72,7 @@ def _save_resolved(cfg, run_dir: Path) -> None:
 
 
 class Flags:
-    """argparse flags bound to config dataclass fields (splitserve/config.py): a flag's default
+    """argparse flags bound to config dataclass fields (splitserve/config/): a flag's default
     is its field's, so each default is written once, and `build` turns the parsed namespace back
     into the dataclass. Every flag of a command but --help is bound (tests/test_cli_flags.py)."""
 

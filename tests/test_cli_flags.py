@@ -1,4 +1,4 @@
-"""Each command's flags are its config dataclasses' fields (splitserve/config.py): a flag's
+"""Each command's flags are its config dataclasses' fields (splitserve/config/): a flag's
 default is read from its field, never typed a second time, and the parsed flags build the
 configs the command runs with."""
 

@@ -1,5 +1,5 @@
 """What `splitserve gen` reads and resumes, whichever way it generates: the settings
-(GenConfig, in splitserve/config.py), the input conversations planned into the turns to answer
+(GenConfig, in splitserve/config/), the input conversations planned into the turns to answer
 (Source), and the row keys an output file already holds. gen.py (in process) and
 gen_remote.py (through servers) build on it.
 """
