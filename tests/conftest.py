@@ -1,5 +1,14 @@
+import os
+
 import pytest
 import torch
+
+# Without CUDA, Triton kernels can only run under Triton's interpreter (tests/test_kernel_verify.py
+# runs them on CPU tensors against their references). It must be on before triton is first
+# imported: @triton.jit reads it when a kernel is decorated. The dispatchers never call a kernel on
+# CPU tensors, so nothing else in the suite goes through it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from transformers import AutoTokenizer
 
 from splitserve.assets import smollm2_dir
