@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from splitserve.config import RunConfig, TrainConfig, compose, from_dict
-from splitserve.train.checkpoint import checkpoint_dirs
+from splitserve.models.run_files import checkpoint_dirs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,10 +16,10 @@ def user_error_types() -> tuple[type[BaseException], ...]:
     from splitserve.data.rows import DataError
     from splitserve.errors import UserError
     from splitserve.models.build import DraftMismatchError
+    from splitserve.models.run_files import CheckpointError
     from splitserve.split.routing import SplitConfigError
     from splitserve.stream.dump_reader import DumpError
     from splitserve.target.arch import UnsupportedTargetError
-    from splitserve.train.checkpoint import CheckpointError
 
     return (UserError, DataError, DraftMismatchError, CheckpointError, AssetError, DumpError, SplitConfigError,
             UnsupportedTargetError)

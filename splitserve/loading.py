@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 from splitserve.config import ModelsConfig, TargetConfig
 from splitserve.models.build import check_compatible
 from splitserve.models.dspark import DSparkArch, DSparkDraft
+from splitserve.models.run_files import ARCH_FILE, CheckpointError, latest_checkpoint, load_weights
 from splitserve.speculative.calibration_file import load_calibration, temperatures_for
-from splitserve.train.checkpoint import ARCH_FILE, CheckpointError, latest_checkpoint, load_weights
 
 
 @dataclass(frozen=True)

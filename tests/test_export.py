@@ -12,7 +12,7 @@ import splitserve.cli as cli
 from splitserve.export import export_draft
 from splitserve.loading import load_draft
 from splitserve.models.build import DraftMismatchError
-from splitserve.train.checkpoint import CheckpointError
+from splitserve.models.run_files import CheckpointError
 
 CTX, GAMMA = 12, 8  # the round trip's block: 8 tokens after a 12-token context
 

@@ -11,8 +11,8 @@ import torch
 import splitserve.train.loop as loop
 from splitserve.config import DataConfig, DraftConfig, DumpConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
 from splitserve.loading import load_draft
+from splitserve.models.run_files import CheckpointError, checkpoint_dirs, latest_checkpoint
 from splitserve.target.hf import load_hf_target
-from splitserve.train.checkpoint import CheckpointError, checkpoint_dirs, latest_checkpoint
 
 SAMPLE_CHAT = str(Path(__file__).resolve().parents[1] / "data" / "sample_chat.jsonl")
 

@@ -117,7 +117,8 @@ def _broadcast_ints(values: list[int], src: int) -> list[int]:
 
 def _read_start(cfg: RunConfig) -> tuple[int, int]:
     """(start step, finished) from the run's latest checkpoint; draft rank 0 reads it."""
-    from splitserve.train.checkpoint import latest_checkpoint, read_state
+    from splitserve.models.run_files import latest_checkpoint
+    from splitserve.train.checkpoint import read_state
 
     ckpt = latest_checkpoint(Path(cfg.run_dir))
     if ckpt is None:

@@ -1,4 +1,5 @@
-"""Training checkpoints: trainable weights, optimizer, scheduler and data position.
+"""Writing and resuming training checkpoints: trainable weights, optimizer, scheduler and data
+position (reading a run's weights back is models/run_files.py, shared with every loader).
 
 Layout (run_dir/checkpoints/):
     step_0000100/draft.safetensors   trainable weights only (shared ones come from the target)
@@ -19,18 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from splitserve.models.run_files import CheckpointError, checkpoint_dirs, latest_checkpoint, load_weights, point_latest
 from splitserve.train.partition import Partition
-
-
-class CheckpointError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -77,66 +74,6 @@ def save_checkpoint(
     return final
 
 
-STEP_DIR = re.compile(r"step_(\d+)")
-
-
-def checkpoint_dirs(run_dir: Path) -> dict[int, Path]:
-    """step -> directory of every complete checkpoint of a run (half-written `.tmp` and set-aside
-    `.corrupt` ones left out), oldest first."""
-    root = Path(run_dir) / "checkpoints"
-    done = (p for p in root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name))
-    return {int(p.name.removeprefix("step_")): p for p in sorted(done)}
-
-
-def _point_latest(root: Path, name: str | None) -> None:
-    if name is None:
-        (root / "latest").unlink(missing_ok=True)
-        return
-    (root / "latest.tmp").write_text(name)
-    os.replace(root / "latest.tmp", root / "latest")
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint `latest` names. If it names one that is gone (deleted by hand, set aside),
-    the newest complete one is taken and `latest` is rewritten to name it (or removed when there
-    is none), so the pointer never names a missing checkpoint for long."""
-    root = Path(run_dir) / "checkpoints"
-    pointer = root / "latest"
-    if not pointer.exists():
-        return None
-    path = root / pointer.read_text().strip()
-    if path.is_dir():
-        return path
-    dirs = list(checkpoint_dirs(run_dir).values())
-    newest = dirs[-1] if dirs else None
-    _point_latest(root, newest.name if newest else None)
-    print(f"[checkpoint] {pointer} named {path.name}, which does not exist; "
-          + (f"now {newest.name}" if newest else "no checkpoint left, starting fresh"))
-    return newest
-
-
-def load_weights(ckpt: Path, draft) -> None:
-    """Load trainable weights into `draft`; a corrupt or mismatched file is a clear error."""
-    path = Path(ckpt) / "draft.safetensors"
-    try:
-        weights = load_file(str(path))
-    except Exception as exc:  # safetensors raises several types for damaged files
-        raise CheckpointError(f"checkpoint file {path} is unreadable (truncated or corrupt): {exc}") from exc
-    expected = draft.trainable_state_dict()
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        raise CheckpointError(
-            f"checkpoint {path} does not fit this draft: missing={missing[:5]} unexpected={unexpected[:5]}"
-        )
-    for k, v in weights.items():
-        if v.shape != expected[k].shape:
-            raise CheckpointError(
-                f"checkpoint {path}: {k} has shape {tuple(v.shape)}, draft expects {tuple(expected[k].shape)}"
-            )
-    draft.load_state_dict(weights, strict=False)
-
-
 def read_state(ckpt: Path) -> TrainState:
     """The bookkeeping of a checkpoint (step, counters, finished), without touching weights."""
     return TrainState(**json.loads((Path(ckpt) / "state.json").read_text()))
@@ -169,11 +106,11 @@ def resume_checkpoint(run_dir: Path, draft, backend, part: Partition | None = No
                 os.replace(ckpt, root / f"{ckpt.name}.corrupt")
             continue
         if part.writer:
-            _point_latest(root, ckpt.name)
+            point_latest(root, ckpt.name)
         return state, ckpt
     # Every checkpoint failed: starting fresh would silently drop the run's progress.
     if part.writer:
-        _point_latest(root, None)
+        point_latest(root, None)
     raise CheckpointError(f"no checkpoint of {run_dir} is readable (set aside as *.corrupt); "
                           "remove its checkpoints/ directory to train from scratch")
 
@@ -186,12 +123,3 @@ def load_checkpoint(ckpt: Path, draft, backend) -> TrainState:
     except Exception as exc:
         raise CheckpointError(f"checkpoint {ckpt} is unreadable: {exc}") from exc
     return state
-
-
-ARCH_FILE = "draft_arch.json"  # run_dir/draft_arch.json: the draft's shapes and its target
-
-
-def save_arch(run_dir: Path, arch, target_path: str) -> None:
-    """arch: the DSparkArch whose to_dict() is written."""
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / ARCH_FILE).write_text(json.dumps({"arch": arch.to_dict(), "target_path": target_path}, indent=2))

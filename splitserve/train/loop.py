@@ -18,9 +18,10 @@ from tqdm import tqdm
 
 from splitserve.config import RunConfig
 from splitserve.models.build import build_draft, resolve_arch
+from splitserve.models.run_files import save_arch
 from splitserve.stream.sources import DataOrder, DumpSource, RecordSource, TargetSource
 from splitserve.train.backends import make_backend
-from splitserve.train.checkpoint import TrainState, resume_checkpoint, save_arch, save_checkpoint
+from splitserve.train.checkpoint import TrainState, resume_checkpoint, save_checkpoint
 from splitserve.train.partition import Partition
 from splitserve.train.step import collate, draft_loss, plan_blocks, position_weight, row_generators
 

@@ -1,0 +1,90 @@
+"""A training run directory as a reader sees it: what the draft is, and its trained weights.
+
+    run_dir/draft_arch.json                          the draft's DSparkArch and its target's path
+    run_dir/checkpoints/step_0000100/draft.safetensors   trainable weights (shared ones: the target's)
+    run_dir/checkpoints/latest                       name of the newest complete checkpoint
+train/checkpoint.py writes checkpoints (with optimizer state) and resumes from them; the loaders
+of every command (loading.py) read them through here, without the training package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+ARCH_FILE = "draft_arch.json"  # run_dir/draft_arch.json: the draft's shapes and its target
+
+
+def save_arch(run_dir: Path, arch, target_path: str) -> None:
+    """arch: the DSparkArch whose to_dict() is written."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    (Path(run_dir) / ARCH_FILE).write_text(json.dumps({"arch": arch.to_dict(), "target_path": target_path}, indent=2))
+
+
+STEP_DIR = re.compile(r"step_(\d+)")
+
+
+def checkpoint_dirs(run_dir: Path) -> dict[int, Path]:
+    """step -> directory of every complete checkpoint of a run (half-written `.tmp` and set-aside
+    `.corrupt` ones left out), oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    done = (p for p in root.glob("step_*") if p.is_dir() and STEP_DIR.fullmatch(p.name))
+    return {int(p.name.removeprefix("step_")): p for p in sorted(done)}
+
+
+def point_latest(root: Path, name: str | None) -> None:
+    if name is None:
+        (root / "latest").unlink(missing_ok=True)
+        return
+    (root / "latest.tmp").write_text(name)
+    os.replace(root / "latest.tmp", root / "latest")
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint `latest` names. If it names one that is gone (deleted by hand, set aside),
+    the newest complete one is taken and `latest` is rewritten to name it (or removed when there
+    is none), so the pointer never names a missing checkpoint for long."""
+    root = Path(run_dir) / "checkpoints"
+    pointer = root / "latest"
+    if not pointer.exists():
+        return None
+    path = root / pointer.read_text().strip()
+    if path.is_dir():
+        return path
+    dirs = list(checkpoint_dirs(run_dir).values())
+    newest = dirs[-1] if dirs else None
+    point_latest(root, newest.name if newest else None)
+    print(f"[checkpoint] {pointer} named {path.name}, which does not exist; "
+          + (f"now {newest.name}" if newest else "no checkpoint left, starting fresh"))
+    return newest
+
+
+def load_weights(ckpt: Path, draft) -> None:
+    """Load trainable weights into `draft`; a corrupt or mismatched file is a clear error."""
+    path = Path(ckpt) / "draft.safetensors"
+    try:
+        weights = load_file(str(path))
+    except Exception as exc:  # safetensors raises several types for damaged files
+        raise CheckpointError(f"checkpoint file {path} is unreadable (truncated or corrupt): {exc}") from exc
+    expected = draft.trainable_state_dict()
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this draft: missing={missing[:5]} unexpected={unexpected[:5]}"
+        )
+    for k, v in weights.items():
+        if v.shape != expected[k].shape:
+            raise CheckpointError(
+                f"checkpoint {path}: {k} has shape {tuple(v.shape)}, draft expects {tuple(expected[k].shape)}"
+            )
+    draft.load_state_dict(weights, strict=False)
