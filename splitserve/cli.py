@@ -104,12 +104,13 @@ def hydra_app(command: str, argv: list[str]) -> None:
             run_split(cfg)  # a torchrun job split into target and draft ranks
         elif command == "train":
             from splitserve.evaluation.heldout import evaluate_run
+            from splitserve.target import DECODING_BACKENDS
             from splitserve.train.loop import train
 
             check_train_data(cfg)
             _save_resolved(cfg, Path(cfg.run_dir))
             result = train(cfg)
-            if cfg.eval.enabled and cfg.target.backend != "transformers":
+            if cfg.eval.enabled and cfg.target.backend not in DECODING_BACKENDS:
                 # Held-out evaluation decodes, which only the transformers backend does.
                 print(f"[train] held-out evaluation skipped (target.backend={cfg.target.backend} only captures); "
                       f"run: splitserve eval --draft {cfg.run_dir}")
@@ -152,7 +153,6 @@ def eval_main(argv: list[str]) -> None:
     from splitserve.evaluation.heldout import load_prompt_ids
     from splitserve.loading import load_draft
     from splitserve.models.build import build_draft, check_compatible
-    from splitserve.target.eos import eos_ids
     from splitserve.target.hf import load_hf_target, peek_target_info
 
     arch, _, run_target = draft_meta(args.draft, "--draft")
@@ -172,7 +172,7 @@ def eval_main(argv: list[str]) -> None:
                                   ChatTemplate.load(args.chat_template, kwargs))
     except (json.JSONDecodeError, DataError) as e:
         sys.exit(f"splitserve eval: {e}")
-    eos = eos_ids(target)
+    eos = target.eos_ids()
     reports = {"draft": evaluate(target, draft, prompts, args.max_new_tokens, args.temperature, args.seed, eos_ids=eos)}
     if args.compare_untrained:
         import torch
@@ -282,7 +282,6 @@ def calibrate_main(argv: list[str]) -> None:
     from splitserve.evaluation.calibration import calibrate_run, format_fit
     from splitserve.evaluation.heldout import load_prompt_ids
     from splitserve.loading import load_draft
-    from splitserve.target.eos import eos_ids
     from splitserve.target.hf import load_hf_target
 
     run = _run_settings(args.run_dir)
@@ -302,7 +301,7 @@ def calibrate_main(argv: list[str]) -> None:
                          args.temperature or [ev.get("temperature", 0.0)],
                          args.max_new_tokens or ev.get("max_new_tokens", 64),
                          seed=run.get("train", {}).get("seed", 0), n_bins=args.bins or ev.get("calibration_bins", 10),
-                         eos_ids=eos_ids(target), source=f"{len(prompts)} prompts from {prompts_from}")
+                         eos_ids=target.eos_ids(), source=f"{len(prompts)} prompts from {prompts_from}")
     print("\n".join(format_fit(f) for f in fits))
     print(f"wrote {Path(args.run_dir) / 'calibration.json'}")
 

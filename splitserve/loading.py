@@ -19,6 +19,7 @@ from splitserve.config import ModelsConfig, TargetConfig
 from splitserve.models.build import check_compatible
 from splitserve.models.dspark import DSparkArch, DSparkDraft
 from splitserve.speculative.calibration_file import load_calibration, temperatures_for
+from splitserve.target.backend import TargetWeights
 from splitserve.train.checkpoint import ARCH_FILE, CheckpointError, latest_checkpoint, load_weights
 
 
@@ -40,7 +41,7 @@ def read_draft_meta(path: str | Path) -> tuple[DSparkArch, str, str | None]:
     )
 
 
-def load_draft(path: str | Path, target, checkpoint: str | Path | None = None) -> DSparkDraft:
+def load_draft(path: str | Path, target: TargetWeights, checkpoint: str | Path | None = None) -> DSparkDraft:
     """`checkpoint`: a run's checkpoint directory to load instead of its latest."""
     arch, kind, _ = read_draft_meta(path)
     check_compatible(arch, target.info, where=f"draft {path}")
