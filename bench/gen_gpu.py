@@ -39,7 +39,7 @@ def _serve_untrained(out_dir: Path, device: str, dtype: str):
 
     target = load_hf_target(TargetConfig(device=device, dtype="float32"))
     torch.manual_seed(0)
-    arch = resolve_arch(DraftConfig(block_size=16, num_layers=4), target.info, target.model.config, target.tokenizer)
+    arch = resolve_arch(DraftConfig(block_size=16, num_layers=4), target.info, target.config, target.tokenizer)
     draft_dir = export_draft(build_draft(arch, target).eval(), out_dir / "untrained_draft", target.info)
     del target
     srv = make_server(ModelsConfig(draft=str(draft_dir), target="smollm2-135m", device=device, dtype=dtype),

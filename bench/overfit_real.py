@@ -51,7 +51,7 @@ def main() -> None:
     cap = target.capture(ids[None])
     batch = collate([HiddenRecord(0, ids, mask, cap.aux[0], cap.final[0])], target.device, torch.float32)
 
-    arch = resolve_arch(DraftConfig(num_layers=1, block_size=args.gamma), target.info, target.model.config,
+    arch = resolve_arch(DraftConfig(num_layers=1, block_size=args.gamma), target.info, target.config,
                         target.tokenizer)
     draft = build_draft(arch, target)
     params = [p for p in draft.parameters() if p.requires_grad]

@@ -56,7 +56,7 @@ def random_target(shape: str, device: str = "cuda"):
 def untrained_draft(target, layers: int, gamma: int):
     """A bf16 DSpark draft for `target` with the default head settings, freshly initialised."""
     torch.manual_seed(0)
-    arch = resolve_arch(DraftConfig(block_size=gamma, num_layers=layers), target.info, target.model.config,
+    arch = resolve_arch(DraftConfig(block_size=gamma, num_layers=layers), target.info, target.config,
                         target.tokenizer)
     return build_draft(arch, target).to(torch.bfloat16).eval()
 
@@ -107,7 +107,7 @@ def main() -> None:
     del cap
     for gamma in args.gamma:
         arch = resolve_arch(DraftConfig(num_layers=5, block_size=gamma, mask_token_id=16), target.info,
-                            target.model.config)
+                            target.config)
         draft = build_draft(arch, target).to(torch.bfloat16)
         params = [p for p in draft.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-4)

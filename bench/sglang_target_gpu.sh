@@ -49,7 +49,7 @@ from splitserve.target.hf import load_hf_target
 
 target = load_hf_target(TargetConfig(device="cpu"))
 torch.manual_seed(0)
-draft = build_draft(resolve_arch(DraftConfig(), target.info, target.model.config), target)
+draft = build_draft(resolve_arch(DraftConfig(), target.info, target.config), target)
 export_draft(draft, sys.argv[1], target.info)
 EOF
     "$PY" -m splitserve.cli export "$OUT/4_hf" "$OUT/4_sglang" --format sglang | tee "$OUT/4_export.txt"

@@ -158,12 +158,13 @@ def hydra_app(command: str, argv: list[str]) -> None:
             run_split(cfg)  # a torchrun job split into target and draft ranks
         elif command == "train":
             from splitserve.evaluation.heldout import evaluate_run
+            from splitserve.target import DECODING_BACKENDS
             from splitserve.train.loop import train
 
             check_train_data(cfg)
             _save_resolved(cfg, Path(cfg.run_dir))
             result = train(cfg)
-            if cfg.eval.enabled and cfg.target.backend != "transformers":
+            if cfg.eval.enabled and cfg.target.backend not in DECODING_BACKENDS:
                 # Held-out evaluation decodes, which only the transformers backend does.
                 print(f"[train] held-out evaluation skipped (target.backend={cfg.target.backend} only captures); "
                       f"run: splitserve eval --draft {cfg.run_dir}")
@@ -219,7 +220,6 @@ def eval_main(argv: list[str]) -> None:
     from splitserve.evaluation.heldout import load_prompt_ids
     from splitserve.loading import load_models
     from splitserve.models.build import build_draft
-    from splitserve.target.eos import eos_ids
 
     meta = draft_meta(models.draft, "--draft")
     check_prompts(cmd.prompts, "--prompts")
@@ -229,7 +229,7 @@ def eval_main(argv: list[str]) -> None:
                                   ChatTemplate.load(cmd.chat_template, cmd.chat_template_kwargs))
     except DataError as e:
         sys.exit(f"splitserve eval: {e}")
-    eos = eos_ids(target)
+    eos = target.eos_ids()
     reports = {"draft": evaluate(target, draft, prompts, cmd.max_new_tokens, cmd.temperature, cmd.seed, eos_ids=eos)}
     if cmd.compare_untrained:
         import torch
@@ -362,7 +362,6 @@ def calibrate_main(argv: list[str]) -> None:
     from splitserve.evaluation.calibration import calibrate_run, format_fit
     from splitserve.evaluation.heldout import load_prompt_ids
     from splitserve.loading import load_models
-    from splitserve.target.eos import eos_ids
 
     run = _run_settings(cmd.run_dir)
     ev, data = run.get("eval", {}), run.get("data", {})
@@ -378,7 +377,7 @@ def calibrate_main(argv: list[str]) -> None:
                          cmd.max_new_tokens or ev.get("max_new_tokens", EvalConfig.max_new_tokens),
                          seed=run.get("train", {}).get("seed", TrainConfig.seed),
                          n_bins=cmd.bins or ev.get("calibration_bins", EvalConfig.calibration_bins),
-                         eos_ids=eos_ids(target), source=f"{len(prompts)} prompts from {prompts_from}")
+                         eos_ids=target.eos_ids(), source=f"{len(prompts)} prompts from {prompts_from}")
     print("\n".join(format_fit(f) for f in fits))
     print(f"wrote {Path(cmd.run_dir) / 'calibration.json'}")
 

@@ -22,6 +22,7 @@ from splitserve.models.build import check_compatible
 from splitserve.models.dspark import DSparkArch, DSparkDraft
 from splitserve.models.run_files import ARCH_FILE, CheckpointError, latest_checkpoint, load_weights
 from splitserve.speculative.calibration_file import load_calibration, temperatures_for
+from splitserve.target.backend import TargetWeights
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ def _meta(draft: str | Path | DraftMeta) -> DraftMeta:
     return draft if isinstance(draft, DraftMeta) else read_draft_meta(draft)
 
 
-def load_draft(draft: str | Path | DraftMeta, target, checkpoint: str | Path | None = None) -> DSparkDraft:
+def load_draft(draft: str | Path | DraftMeta, target: TargetWeights,
+               checkpoint: str | Path | None = None) -> DSparkDraft:
     """`draft`: its directory, or its DraftMeta when already read. `checkpoint`: a run's
     checkpoint directory to load instead of its latest."""
     meta = _meta(draft)

@@ -74,9 +74,13 @@ def test_train_and_dump_go_through_the_backend_choice(monkeypatch, tmp_path, com
 
 
 def test_decoding_is_refused_with_a_pointer():
-    t = sb.SGLangTarget.__new__(sb.SGLangTarget)
-    with pytest.raises(NotImplementedError, match="target.backend=transformers"):
-        t.new_cache()
+    from splitserve.errors import UserError
+    from splitserve.speculative.engine import Engine
+
+    t = sb.SGLangTarget.__new__(sb.SGLangTarget)  # a capture-only target: no decoding methods at all
+    assert not hasattr(t, "new_cache")
+    with pytest.raises(UserError, match="target.backend=transformers"):
+        Engine(t, None)
 
 
 # ---- parity on a GPU with sglang installed -------------------------------------------------

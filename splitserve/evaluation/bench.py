@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from splitserve.config import BenchConfig, EngineConfig, ModelsConfig
 from splitserve.speculative.engine import Engine, SamplingParams
+from splitserve.target.backend import DecodingTarget, require_decoding
 
 
 @dataclass
@@ -127,24 +128,16 @@ class _TokenClock:
 
 
 @torch.no_grad()
-def bench_hf_generate(model, prompts: list[list[int]], output_len: int, warmup: int, desc: str,
+def bench_hf_generate(target: DecodingTarget, prompts: list[list[int]], output_len: int, warmup: int, desc: str,
                       assistant=None, eos_ids: frozenset[int] = frozenset()) -> list[RequestTiming]:
-    """transformers `generate`, greedy; without eos_ids EOS is disabled, so every request has
-    output_len tokens."""
-    gen_cfg = copy.deepcopy(model.generation_config)
-    gen_cfg.update(do_sample=False, max_new_tokens=output_len, min_new_tokens=None,
-                   eos_token_id=sorted(eos_ids) or None, temperature=None, top_p=None, top_k=None)
-    if gen_cfg.pad_token_id is None:
-        gen_cfg.pad_token_id = 0
-    extra = {"assistant_model": assistant} if assistant is not None else {}
-    device = next(model.parameters()).device
+    """The target's own `generate` (transformers), greedy; without eos_ids EOS is disabled, so
+    every request has output_len tokens."""
 
     def one(ids):
         clock = _TokenClock()
-        inp = torch.tensor([ids], device=device)
+        inp = torch.tensor([ids], device=target.device)
         start = time.perf_counter()
-        out = model.generate(inp, attention_mask=torch.ones_like(inp), generation_config=gen_cfg, streamer=clock,
-                             **extra)
+        out = target.generate(inp, output_len, eos_ids, streamer=clock, assistant=assistant)
         end = time.perf_counter()
         n = out.shape[1] - inp.shape[1]
         t = [x - start for x in clock.times]
@@ -156,7 +149,7 @@ def bench_hf_generate(model, prompts: list[list[int]], output_len: int, warmup: 
     return [one(ids) for ids in tqdm(prompts, desc=desc, unit="req", leave=False)]
 
 
-def load_assistant(path: str, target):
+def load_assistant(path: str, target: DecodingTarget):
     """-> (model, None) or (None, why it does not apply)."""
     from transformers import AutoConfig
 
@@ -193,19 +186,18 @@ def format_table(results: dict[str, MethodResult]) -> str:
     return "\n".join(rows)
 
 
-def _prompts(cfg: BenchConfig, target, draft) -> tuple[list[list[int]], frozenset[int]]:
+def _prompts(cfg: BenchConfig, target: DecodingTarget, draft) -> tuple[list[list[int]], frozenset[int]]:
     """-> (prompt token ids, EOS ids that end a reply; empty for fixed-length synthetic requests)."""
     if cfg.prompts is not None:
         from splitserve.evaluation.heldout import load_prompt_ids
-        from splitserve.target.eos import eos_ids
 
-        return load_prompt_ids(cfg.prompts, target.tokenizer, cfg.num_requests), eos_ids(target)  # as the server
+        return load_prompt_ids(cfg.prompts, target.tokenizer, cfg.num_requests), target.eos_ids()  # as the server
     avoid = set(getattr(target.tokenizer, "all_special_ids", None) or []) | {draft.arch.mask_token_id}
     return synthetic_prompts(target.info.vocab_size, cfg.num_requests, cfg.input_len, cfg.seed, avoid), frozenset()
 
 
-def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, target=None, draft=None,
-              meta=None) -> dict:
+def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, target: DecodingTarget | None = None,
+              draft=None, meta=None) -> dict:
     """Runs every method, prints the table, writes JSON when asked -> the report dict.
     `target` / `draft` may be passed in already loaded (tests); otherwise they are loaded
     (`meta`: the draft's DraftMeta when the caller has read it)."""
@@ -215,6 +207,7 @@ def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, 
         raise ValueError("input_len, output_len and num_requests must be >= 1")
     if target is None:
         target, draft = load_models(models, meta)
+    require_decoding(target, "splitserve bench")
     engine_cfg = copy.copy(engine_cfg)
     prompts, eos = _prompts(cfg, target, draft)
     engine_cfg.max_context = max(engine_cfg.max_context, max(map(len, prompts)) + cfg.output_len)
@@ -236,7 +229,7 @@ def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, 
         results["engine spec"].exact_vs_ar = sum(a == b for a, b in zip(spec_out, ar_out))
         results["transformers generate"] = summarize(
             "transformers generate",
-            bench_hf_generate(target.model, prompts, cfg.output_len, cfg.warmup, "generate", eos_ids=eos))
+            bench_hf_generate(target, prompts, cfg.output_len, cfg.warmup, "generate", eos_ids=eos))
         name = "transformers assisted"
         if cfg.assistant is None:
             results[name] = MethodResult(name, note="no --assistant (a small causal LM with the target's tokenizer)")
@@ -245,7 +238,7 @@ def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, 
             if assistant is None:
                 results[name] = MethodResult(name, note=why)
             else:
-                results[name] = summarize(name, bench_hf_generate(target.model, prompts, cfg.output_len, cfg.warmup,
+                results[name] = summarize(name, bench_hf_generate(target, prompts, cfg.output_len, cfg.warmup,
                                                                   "assisted", assistant=assistant, eos_ids=eos))
 
     report = {

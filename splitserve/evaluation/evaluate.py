@@ -14,6 +14,7 @@ import torch
 from tqdm import tqdm
 
 from splitserve.speculative.decode import SpecDecoder, target_decode
+from splitserve.target.backend import DecodingTarget, require_decoding
 from splitserve.target.sdpa import varlen_sdpa
 
 
@@ -64,7 +65,8 @@ def acceptance_stats(accepts: list[int], gamma: int) -> tuple[float, list[float]
 Decode = Callable[[list[int]], tuple[list[int], list[int], list[list[float]]]]  # ids -> tokens, accepts, confs
 
 
-def _reference_decoder(target, draft, max_new_tokens, temperature, seed, eos_ids, record_confidence) -> Decode:
+def _reference_decoder(target: DecodingTarget, draft, max_new_tokens, temperature, seed, eos_ids,
+                       record_confidence) -> Decode:
     """The reference loop (speculative/decode.py), one generator stream across prompts."""
     decoder = SpecDecoder(target, draft)
     gen = torch.Generator(device=target.device).manual_seed(seed)
@@ -78,7 +80,7 @@ def _reference_decoder(target, draft, max_new_tokens, temperature, seed, eos_ids
     return decode
 
 
-def _engine_decoder(target, draft, max_new_tokens, temperature, seed, eos_ids, record_confidence,
+def _engine_decoder(target: DecodingTarget, draft, max_new_tokens, temperature, seed, eos_ids, record_confidence,
                     max_prompt: int) -> Decode:
     """The serving engine (static caches; CUDA graphs on a GPU), one generator stream across
     prompts. A draft in another dtype than the target's runs as a copy in the target's dtype,
@@ -102,7 +104,7 @@ def _engine_decoder(target, draft, max_new_tokens, temperature, seed, eos_ids, r
 
 
 def evaluate(
-    target,
+    target: DecodingTarget,
     draft,
     prompts: list[list[int]],
     max_new_tokens: int = 64,
@@ -118,6 +120,7 @@ def evaluate(
     `engine` decodes through the serving engine instead of the reference loop: greedy, the same
     tokens in the same rounds (tests/test_spec_decode.py); at T>0 the same distribution, other
     draws. Exactness is always checked against the target decoding alone (`target_decode`)."""
+    require_decoding(target, "evaluation")
     draft.eval()
     args = (target, draft, max_new_tokens, temperature, seed, eos_ids, record_confidence)
     decode = _engine_decoder(*args, max(len(p) for p in prompts)) if engine else _reference_decoder(*args)

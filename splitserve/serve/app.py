@@ -11,7 +11,6 @@ from splitserve.errors import UserError
 from splitserve.loading import DraftMeta, load_models
 from splitserve.serve.server import SplitServer, bind_socket, build_server
 from splitserve.speculative.engine import Engine
-from splitserve.target.eos import eos_ids
 
 
 def read_chat_template(path: str | None) -> str | None:
@@ -49,7 +48,7 @@ def make_server(models: ModelsConfig, engine_cfg: EngineConfig, server_cfg: Serv
         sock.close()
         raise
     name = server_cfg.served_model_name or target.info.name
-    return build_server(engine, target.tokenizer, eos_ids(target), server_cfg, name, sock, template)
+    return build_server(engine, target.tokenizer, target.eos_ids(), server_cfg, name, sock, template)
 
 
 def run_server(models: ModelsConfig, engine_cfg: EngineConfig, server_cfg: ServerConfig,

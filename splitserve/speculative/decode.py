@@ -20,6 +20,7 @@ import torch
 from splitserve.models.dspark import DSparkDraft
 from splitserve.speculative.context import DynamicDraftContext
 from splitserve.speculative.verify import target_probs, verify_block
+from splitserve.target.backend import DecodingTarget, require_decoding
 
 
 @dataclass
@@ -38,8 +39,8 @@ def _stop_at(tokens: list[int], eos_ids: AbstractSet[int], limit: int) -> tuple[
 
 
 class SpecDecoder:
-    def __init__(self, target, draft: DSparkDraft):
-        self.target, self.draft = target, draft
+    def __init__(self, target: DecodingTarget, draft: DSparkDraft):
+        self.target, self.draft = require_decoding(target, "speculative decoding"), draft
         self.gamma = draft.arch.block_size
 
     @torch.no_grad()
@@ -93,7 +94,7 @@ def pick_token(logits: torch.Tensor, temperature: float, generator=None, top_k: 
 
 @torch.no_grad()
 def target_decode(
-    target,
+    target: DecodingTarget,
     prompt_ids: list[int],
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -102,7 +103,7 @@ def target_decode(
 ) -> list[int]:
     """The target on its own, one token per forward with a KV cache: the exactness reference."""
     eos_ids = eos_ids or set()
-    cache = target.new_cache()
+    cache = require_decoding(target, "decoding with the target alone").new_cache()
     inp = torch.tensor([prompt_ids], device=target.device)
     out: list[int] = []
     for _ in range(max_new_tokens):

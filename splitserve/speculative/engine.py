@@ -44,7 +44,7 @@ from splitserve.speculative.context import StaticDraftContext
 from splitserve.speculative.decode import pick_token
 from splitserve.speculative.schedule import SCHEDULES, choose_prefix, linear_cost, prefix_survival, truncate_verify
 from splitserve.speculative.verify import verify_block
-from splitserve.target.arch import text_config
+from splitserve.target.backend import DecodingTarget, require_decoding
 from splitserve.target.graphs import StepGraphs
 
 MODES = ("spec", "ar")
@@ -105,11 +105,11 @@ OnTokens = Callable[[list[int]], bool]  # new committed tokens -> keep going?
 
 
 class Engine:
-    def __init__(self, target, draft: DSparkDraft | None, cfg: EngineConfig | None = None):
+    def __init__(self, target: DecodingTarget, draft: DSparkDraft | None, cfg: EngineConfig | None = None):
         self.cfg = cfg = cfg or EngineConfig()
-        self.target, self.draft = target, draft
+        self.target, self.draft = require_decoding(target, "the serving engine"), draft
         self.device = target.device
-        max_pos = getattr(text_config(target.model.config), "max_position_embeddings", None)
+        max_pos = target.max_positions
         self.max_context = min(cfg.max_context, max_pos) if max_pos else cfg.max_context
         self.gamma = draft.arch.block_size if draft is not None else 0
         # γ+1 spare slots: a round at p <= max_context-1 writes up to p+γ.

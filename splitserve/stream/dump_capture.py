@@ -15,10 +15,11 @@ from splitserve.config import RunConfig
 from splitserve.stream.dump_reader import dtype_from_name
 from splitserve.stream.dump_writer import DumpWriter
 from splitserve.stream.sources import TargetSource
+from splitserve.target.backend import CaptureTarget
 from splitserve.target.bucketed import use_capture_graphs
 
 
-def run_dump(cfg: RunConfig, target=None) -> Path:
+def run_dump(cfg: RunConfig, target: CaptureTarget | None = None) -> Path:
     from splitserve.data import load_options, load_samples, resolve_train_path
     from splitserve.target import load_target
 

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from splitserve.records import HiddenRecord
+from splitserve.target.backend import CaptureTarget
 from splitserve.target.bucketed import BucketedCapture, capture_unpadded
 
 
@@ -33,7 +34,8 @@ class TargetSource:
     and replays that bucket's forward as a CUDA graph (target/bucketed.py).
     """
 
-    def __init__(self, target, samples, store_dtype: torch.dtype = torch.float32, bucketed: bool = False):
+    def __init__(self, target: CaptureTarget, samples, store_dtype: torch.dtype = torch.float32,
+                 bucketed: bool = False):
         self.target, self.samples, self.store_dtype = target, samples, store_dtype
         self.num_samples = len(samples)
         self.bucketed = None

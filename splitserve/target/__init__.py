@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 BACKENDS = ("transformers", "sglang")
+DECODING_BACKENDS = ("transformers",)  # whose targets are also a `DecodingTarget`
 
 
 def load_target(cfg, device=None):
-    """cfg: TargetConfig -> a `TargetBackend` (splitserve/target/backend.py).
+    """cfg: TargetConfig -> a `CaptureTarget` (splitserve/target/backend.py).
 
-    transformers runs anywhere and also decodes (eval, serve); sglang runs the target in-process
-    with SGLang's model runner on a CUDA GPU and only captures (train, dump).
+    transformers runs anywhere and is also a `DecodingTarget` (eval, serve); sglang runs the
+    target in-process with SGLang's model runner on a CUDA GPU and only captures (train, dump).
     """
     if cfg.backend == "transformers":
         from splitserve.target.hf import load_hf_target

@@ -19,6 +19,7 @@ import warnings
 import torch
 
 from splitserve.records import Capture
+from splitserve.target.backend import CaptureTarget
 from splitserve.target.graphs import StepGraphs
 from splitserve.target.sdpa import varlen_sdpa
 
@@ -32,14 +33,14 @@ def use_capture_graphs(cfg, device: torch.device) -> bool:
     return cfg.capture_graphs
 
 
-def capture_unpadded(target, ids: torch.Tensor) -> Capture:
+def capture_unpadded(target: CaptureTarget, ids: torch.Tensor) -> Capture:
     """ids: (n,) -> the target's eager capture at the sample's own length (no bucket)."""
     with varlen_sdpa():  # every sample is a new length (target/sdpa.py)
         return target.capture(ids[None].to(target.device))
 
 
 class BucketedCapture:
-    def __init__(self, target, max_len: int, min_bucket: int = 64, use_graphs: bool = True):
+    def __init__(self, target: CaptureTarget, max_len: int, min_bucket: int = 64, use_graphs: bool = True):
         self.target = target
         self.min_bucket = min_bucket
         self.max_bucket = max(min_bucket, 1 << (max(max_len, 1) - 1).bit_length())

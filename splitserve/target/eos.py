@@ -18,8 +18,9 @@ def reply_end_ids(model: Any, tokenizer: Any) -> frozenset[int]:
 
 
 def eos_ids(target) -> frozenset[int]:
-    """reply_end_ids of a loaded target. A target without a tokenizer works on bare ids and has
-    no reply end: empty."""
+    """reply_end_ids of a loaded transformers target (its `model` and `tokenizer`; callers ask
+    the target: `DecodingTarget.eos_ids()`). A target without a tokenizer works on bare ids and
+    has no reply end: empty."""
     if target.tokenizer is None:
         return frozenset()
     return reply_end_ids(target.model, target.tokenizer)

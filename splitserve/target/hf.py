@@ -11,6 +11,7 @@ by target/arch.py, before any weight is loaded.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch import nn
 from splitserve.assets import resolve_target_path
 from splitserve.config import TargetConfig
 from splitserve.records import Capture, TargetInfo
+from splitserve.target import eos
 from splitserve.target.arch import LogitTransform, UnsupportedTargetError, attention_layout, text_config
 from splitserve.target.layers import check_layer_ids, default_layer_ids
 from splitserve.target.static_cache import StaticKVCache, visible_mask
@@ -48,7 +50,8 @@ def decoder_layers(decoder: nn.Module, num_layers: int, name: str = "target") ->
 
 
 class HFTarget:
-    """Implements `TargetBackend` over any transformers causal LM (Llama, Qwen, Gemma, ...)."""
+    """Implements `CaptureTarget` and `DecodingTarget` (target/backend.py) over any transformers
+    causal LM (Llama, Qwen, Gemma, ...)."""
 
     def __init__(self, model: nn.Module, info: TargetInfo, tokenizer: Any = None):
         self.model = model.eval().requires_grad_(False)
@@ -124,6 +127,27 @@ class HFTarget:
         excess = cache.get_seq_length() - length
         if excess > 0:
             cache.crop(-excess)
+
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(text_config(self.config), "max_position_embeddings", None)
+
+    def eos_ids(self) -> frozenset[int]:
+        return eos.eos_ids(self)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_ids: frozenset[int] = frozenset(),
+                 streamer: Any = None, assistant: Any = None) -> torch.Tensor:
+        """transformers `generate`, greedy: input_ids (1, T) -> (1, T + n); `assistant` (a causal
+        LM with the target's tokenizer) makes it transformers' assisted generation."""
+        gen_cfg = copy.deepcopy(self.model.generation_config)
+        gen_cfg.update(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=None,
+                       eos_token_id=sorted(eos_ids) or None, temperature=None, top_p=None, top_k=None)
+        if gen_cfg.pad_token_id is None:
+            gen_cfg.pad_token_id = 0
+        extra = {"assistant_model": assistant} if assistant is not None else {}
+        return self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=gen_cfg,
+                                   streamer=streamer, **extra)
 
     # ---- static-shape decoding (serving) --------------------------------------------------
 

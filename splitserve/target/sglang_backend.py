@@ -7,8 +7,9 @@ method, attribute and keyword this file uses exists in 0.5.23's source; the pari
 bench/sglang_target_gpu.sh run it where sglang and a CUDA GPU exist.
 
 It captures exactly what the transformers backend captures (`Capture`: the m captured layers'
-outputs and the final-norm hidden state) for training and `splitserve dump`; it does not decode,
-so held-out evaluation, `eval` and `serve` keep the transformers backend.
+outputs and the final-norm hidden state) for training and `splitserve dump`: it implements
+`CaptureTarget` (target/backend.py) and not `DecodingTarget`, so held-out evaluation, `eval` and
+`serve` keep the transformers backend (a decoding caller refuses this one: `require_decoding`).
 
 SGLang touchpoints (sglang 0.5.23, python/sglang/srt/ unless noted):
   benchmark/one_batch.py (package sglang/): load_model and extend are the recipe followed here,
@@ -39,13 +40,8 @@ import torch
 from splitserve.assets import resolve_target_path
 from splitserve.config import TargetConfig
 from splitserve.records import Capture, TargetInfo
+from splitserve.target.arch import LogitTransform
 from splitserve.target.hf import DTYPES, _info_from_config, hub_kwargs, load_target_config, load_tokenizer
-
-DECODE_MESSAGE = (
-    "the sglang target backend only captures hidden states (train, dump); speculative decoding "
-    "(held-out eval, splitserve eval/serve/calibrate) runs on target.backend=transformers"
-)
-
 
 SGLANG_VERSION = "0.5.23"  # the release this file is written and contract-tested against
 
@@ -157,7 +153,7 @@ class _NoPrefixCache(SimpleNamespace):
 
 
 class SGLangTarget:
-    """Implements the capture half of `TargetBackend` with SGLang's model runner."""
+    """Implements `CaptureTarget` (target/backend.py) with SGLang's model runner."""
 
     def __init__(self, runner, info: TargetInfo, tokenizer: Any = None, gpu_id: int = 0):
         self.runner = runner
@@ -165,6 +161,7 @@ class SGLangTarget:
         self.model = runner.model
         self.config = runner.model.config  # the target's HF config (read by resolve_arch)
         self.info = info
+        self.logit_transform = LogitTransform.from_config(self.config)  # training's target distribution
         self.tokenizer = tokenizer
         self._final: torch.Tensor | None = None
         self._aux: torch.Tensor | None = None
@@ -268,21 +265,6 @@ class SGLangTarget:
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.lm_head.weight[: self.info.vocab_size]
-
-    def new_cache(self):
-        raise NotImplementedError(DECODE_MESSAGE)
-
-    def forward_cached(self, input_ids, cache, logits_from: int = 0):
-        raise NotImplementedError(DECODE_MESSAGE)
-
-    def crop_cache(self, cache, length: int) -> None:
-        raise NotImplementedError(DECODE_MESSAGE)
-
-    def new_static_cache(self, max_len: int):
-        raise NotImplementedError(DECODE_MESSAGE)
-
-    def forward_static(self, input_ids, cache, positions, logits_from: int = 0, window=None):
-        raise NotImplementedError(DECODE_MESSAGE)
 
 
 def load_sglang_target(cfg: TargetConfig, device: torch.device | str | None = None) -> SGLangTarget:

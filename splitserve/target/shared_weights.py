@@ -162,8 +162,10 @@ def read_shared_weights(cfg: TargetConfig, config: Any = None) -> tuple[torch.Te
 
 
 class SharedWeightsTarget:
-    """A target stand-in for a draft rank: info, config, tokenizer and the two shared tensors;
-    it runs nothing (records arrive from the target ranks)."""
+    """A target stand-in for a split job's draft ranks and for export: implements
+    `TargetWeights` (target/backend.py), info, config, tokenizer, logit transform and the two
+    shared tensors. It runs nothing (records arrive from the target ranks), so it is neither a
+    `CaptureTarget` nor a `DecodingTarget`."""
 
     def __init__(self, cfg: TargetConfig, device: torch.device | None = None):
         if cfg.dtype not in DTYPES:

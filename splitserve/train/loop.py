@@ -20,13 +20,14 @@ from splitserve.config import RunConfig
 from splitserve.models.build import build_draft, resolve_arch
 from splitserve.models.run_files import save_arch
 from splitserve.stream.sources import DataOrder, DumpSource, RecordSource, TargetSource
+from splitserve.target.backend import CaptureTarget, TargetWeights
 from splitserve.train.backends import make_backend
 from splitserve.train.checkpoint import TrainState, resume_checkpoint, save_checkpoint
 from splitserve.train.partition import Partition
 from splitserve.train.step import collate, draft_loss, plan_blocks, position_weight, row_generators
 
 
-def build_source(cfg: RunConfig, target, quiet: bool = False, store_dtype: torch.dtype = torch.float32):
+def build_source(cfg: RunConfig, target: CaptureTarget, quiet: bool = False, store_dtype: torch.dtype = torch.float32):
     """An offline dump if configured, else the target run in-process over tokenized data."""
     if cfg.data.dump_dir:
         from splitserve.stream import DumpReader
@@ -130,7 +131,7 @@ def micro_batches(per_rank: int, accum: int) -> list[range]:
 
 def train(
     cfg: RunConfig,
-    target=None,
+    target: TargetWeights | None = None,
     *,
     source: RecordSource | None = None,
     part: Partition | None = None,
@@ -139,7 +140,8 @@ def train(
     """Train (or resume) the run in cfg.run_dir.
 
     A single process trains on the whole batch from an in-process target or a dump. In a split
-    job each draft rank calls this with its `part` and a `source` fed by the target ranks;
+    job each draft rank calls this with its `part`, a `source` fed by the target ranks and a
+    target that only shares its weights (target/shared_weights.py; otherwise a `CaptureTarget`);
     `telemetry(wall_s)` then adds channel figures to every log step.
     """
     from splitserve.target import load_target
