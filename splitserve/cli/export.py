@@ -1,0 +1,86 @@
+"""`splitserve export RUN_DIR OUT_DIR`: a draft for transformers, vLLM (speculators) or SGLang."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from splitserve.checks import check_export_dir, draft_meta
+from splitserve.cli.flags import Flags
+
+
+def export_parser() -> tuple[argparse.ArgumentParser, Flags]:
+    from splitserve.config import ExportCommand, ModelsConfig
+
+    p = argparse.ArgumentParser(prog="splitserve export", description="Export a trained draft as an HF checkpoint "
+                                "(default), as the speculators checkpoint vLLM serves (--format speculators), "
+                                "or as the checkpoint SGLang's DSPARK loader reads (--format sglang).")
+    f = Flags(p)
+    f.add(ExportCommand, "run_dir")
+    f.add(ExportCommand, "out_dir")
+    f.add(ModelsConfig, "target", "--target", help="target name or HF directory (default: the run's own)")
+    f.add(ExportCommand, "format", "--format", choices=["hf", "speculators", "sglang"],
+          help="checkpoint layout (default: hf; docs/deploy.md)")
+    f.add(ExportCommand, "algorithm", "--algorithm", choices=["dspark", "dflash"],
+          help="sglang format: dspark (the default); dflash is refused, see docs/deploy.md")
+    f.add(ExportCommand, "keep_fp32", "--keep-fp32", action="store_true",
+          help="speculators format: keep float32 weights (default: bfloat16); refused for sglang")
+    f.add(ExportCommand, "force", "--force", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    f.hub()
+    return p, f
+
+
+def export_main(argv: list[str]) -> None:
+    p, f = export_parser()
+    args = p.parse_args(argv)
+    from splitserve.config import ExportCommand, ModelsConfig
+
+    cmd = f.build(ExportCommand, args)
+    if cmd.format == "sglang" and (cmd.keep_fp32 or cmd.algorithm == "dflash"):
+        from splitserve.export.sglang import refuse_options
+
+        refuse_options(cmd.algorithm, cmd.keep_fp32)
+    out_dir = check_export_dir(cmd.out_dir, cmd.force)
+
+    from splitserve.export import export_draft
+    from splitserve.loading import load_models, target_config_for
+    from splitserve.speculative.calibration_file import load_calibration
+
+    meta = draft_meta(cmd.run_dir, "RUN_DIR")
+    # An export needs of the target only its embedding and lm_head: two tensors, not the model.
+    models = f.build(ModelsConfig, args, draft=cmd.run_dir, device="cpu", dtype="float32")
+    target, draft = load_models(models, meta, shared_weights_only=True)
+    calibration = load_calibration(cmd.run_dir)
+    if out_dir.exists():  # --force: replaced whole, so no file of the old export survives
+        import shutil
+
+        shutil.rmtree(out_dir)
+    text_cfg = target.config.get_text_config()
+    max_pos = int(getattr(text_cfg, "max_position_embeddings", 32768))
+    if cmd.format in ("speculators", "sglang"):
+        from splitserve.assets import resolve_target_path
+
+        # what the server opens
+        served_target = str(Path(resolve_target_path(target_config_for(meta, models).path)).resolve())
+    if cmd.format == "speculators":
+        import torch
+
+        from splitserve.export.speculators import export_speculators, vllm_command
+
+        exp = export_speculators(draft, cmd.out_dir, served_target, list(target.config.architectures or []),
+                                 target.info.hidden_size, max_pos, torch.float32 if cmd.keep_fp32 else torch.bfloat16)
+        print(f"exported {cmd.run_dir} ({meta.kind}) -> {exp.out_dir} in the speculators DSpark layout (vLLM)")
+        try:
+            print(vllm_command(exp, served_target))
+        except ValueError as exc:
+            print(f"note: {exc}")
+        return
+    if cmd.format == "sglang":
+        from splitserve.export.sglang import export_sglang, launch_command
+
+        exp = export_sglang(draft, cmd.out_dir, target.info.num_layers, calibration, max_pos)
+        print(f"exported {cmd.run_dir} ({meta.kind}) -> {exp.out_dir} for SGLang DSPARK")
+        print(launch_command(exp, served_target))
+        return
+    out = export_draft(draft, cmd.out_dir, target.info, calibration)
+    print(f"exported {cmd.run_dir} ({meta.kind}) -> {out}" + (" with STS calibration" if calibration else ""))

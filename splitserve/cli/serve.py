@@ -1,0 +1,112 @@
+"""`splitserve serve` (the OpenAI-compatible server) and `splitserve bench` (batch-1 latency)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from splitserve.checks import draft_meta
+from splitserve.cli.flags import Flags
+
+
+def _models_args(f: Flags) -> None:
+    from splitserve.config import EngineConfig, ModelsConfig  # dataclasses only: cheap to import
+
+    f.add(ModelsConfig, "draft", "--draft", required=True,
+          help="exported draft directory (or a training run directory)")
+    f.add(ModelsConfig, "target", "--target", help="target name or HF directory (default: the draft run's own)")
+    f.add(ModelsConfig, "device", "--device")
+    f.add(ModelsConfig, "dtype", "--dtype", help="auto (bfloat16 on CUDA, float32 elsewhere) | float32 | bfloat16")
+    f.hub()
+    f.add(EngineConfig, "max_context", "--max-model-len", "--max-context", type=int,
+          help="prompt + generated tokens per request (vLLM's name; --max-context is the old one)")
+    f.add(EngineConfig, "use_cuda_graphs", "--no-cuda-graphs", action="store_false",
+          help="run the round eagerly on CUDA too")
+    f.add(EngineConfig, "verify_kernel", "--verify-kernel", choices=["auto", "torch"])
+    f.add(EngineConfig, "compile_backend", "--compile", action="store_const", const="inductor",
+          help="torch.compile the round and the AR step (inductor) before graph capture")
+    f.add(EngineConfig, "verify_schedule", "--verify-schedule", choices=["static", "confidence"],
+          help="confidence: verify only the prefix the draft's calibrated confidences pay for")
+    f.add(EngineConfig, "min_window", "--min-window", type=int,
+          help="attend to the first W cache slots only, W = min-window * 2^k covering the request "
+               "(one CUDA graph per W); 0: the whole --max-context every step")
+    f.add(EngineConfig, "markov_topk", "--markov-topk", type=int,
+          help="greedy rounds: run the Markov stage over each position's K best backbone candidates "
+               "(output unchanged, τ may drop); 0: the exact stage over the whole vocab")
+
+
+def serve_parser() -> tuple[argparse.ArgumentParser, Flags]:
+    from splitserve.config import EngineConfig, ServerConfig
+
+    p = argparse.ArgumentParser(prog="splitserve serve", description="OpenAI-compatible speculative server "
+                                "(flags named as vLLM's where vLLM has one; docs/serving.md).")
+    f = Flags(p)
+    _models_args(f)
+    f.add(ServerConfig, "host", "--host", help="address to listen on (vLLM's default is every interface)")
+    f.add(ServerConfig, "port", "--port", type=int)
+    f.add(ServerConfig, "served_model_name", "--served-model-name", "--model-name",
+          help="model id in /v1/models and the only accepted 'model' (default: the target's name)")
+    f.add(ServerConfig, "api_key", "--api-key", help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)")
+    f.add(ServerConfig, "chat_template", "--chat-template", metavar="FILE",
+          help="Jinja chat template file used instead of the tokenizer's")
+    f.add(EngineConfig, "seed", "--seed", type=int, help="generator seed for sampled requests without a seed")
+    f.add(ServerConfig, "max_queue", "--max-queue", type=int, help="waiting requests beyond this get 503")
+    f.add(ServerConfig, "request_timeout_s", "--request-timeout", type=float, metavar="REQUEST_TIMEOUT",
+          help="seconds for a request body to arrive (408 after)")
+    f.add(ServerConfig, "keep_alive_s", "--timeout-keep-alive", type=float, metavar="TIMEOUT_KEEP_ALIVE",
+          help="seconds an idle keep-alive connection stays open (uvicorn's name)")
+    f.add(ServerConfig, "ignore_fields", "--ignore-field", action="append", convert=tuple, metavar="NAME",
+          help="accept this request field and ignore it instead of refusing it with 400 (repeatable)")
+    return p, f
+
+
+def serve_main(argv: list[str]) -> None:
+    p, f = serve_parser()
+    args = p.parse_args(argv)
+    from splitserve.config import EngineConfig, ModelsConfig, ServerConfig
+    from splitserve.errors import UserError
+    from splitserve.models.build import DraftMismatchError
+    from splitserve.serve.app import run_server
+
+    models, engine, server = (f.build(c, args) for c in (ModelsConfig, EngineConfig, ServerConfig))
+    meta = draft_meta(models.draft, "--draft")
+    try:
+        run_server(models, engine, server, meta)
+    except DraftMismatchError as exc:
+        raise UserError(f"refusing to start: {exc}") from None
+
+
+def bench_parser() -> tuple[argparse.ArgumentParser, Flags]:
+    from splitserve.config import BenchConfig
+
+    p = argparse.ArgumentParser(prog="splitserve bench", description="Batch-1 latency on synthetic prompts.")
+    f = Flags(p)
+    _models_args(f)
+    f.add(BenchConfig, "input_len", "--input-len", type=int)
+    f.add(BenchConfig, "output_len", "--output-len", type=int)
+    f.add(BenchConfig, "num_requests", "--num-requests", type=int)
+    f.add(BenchConfig, "prompts", "--prompts",
+          help="chat prompts (JSONL, or 'chitchat' for the held-out set) instead of synthetic ones; "
+               "replies stop at EOS or after --output-len tokens")
+    f.add(BenchConfig, "warmup", "--warmup", type=int)
+    f.add(BenchConfig, "seed", "--seed", type=int)
+    f.add(BenchConfig, "baseline", "--baseline", action="store_true",
+          help="also engine AR, transformers generate and assisted")
+    f.add(BenchConfig, "assistant", "--assistant", help="same-tokenizer small causal LM for assisted generation")
+    f.add(BenchConfig, "json_out", "--json", help="write the report here")
+    return p, f
+
+
+def bench_main(argv: list[str]) -> None:
+    p, f = bench_parser()
+    args = p.parse_args(argv)
+    from splitserve.config import BenchConfig, EngineConfig, ModelsConfig
+    from splitserve.evaluation.bench import run_bench
+    from splitserve.models.build import DraftMismatchError
+
+    models, engine, cfg = (f.build(c, args) for c in (ModelsConfig, EngineConfig, BenchConfig))
+    meta = draft_meta(models.draft, "--draft")
+    try:
+        run_bench(models, engine, cfg, meta=meta)
+    except DraftMismatchError as exc:
+        sys.exit(f"splitserve bench: {exc}")
