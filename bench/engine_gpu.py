@@ -17,15 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `bench.roles_gpu`, run from anywhere
-
-from splitserve.config import EngineConfig  # noqa: E402
+from splitserve.config import EngineConfig
 
 
 def _engine_costs(target, draft, args) -> dict:
@@ -55,7 +51,8 @@ def _engine_costs(target, draft, args) -> dict:
 def smollm2(args) -> dict:
     """The embedded SmolLM2-135M, or (--random-smollm2) its shape with random weights, which needs
     no model files on the machine; step time does not depend on the weights."""
-    from bench.roles_gpu import random_target, untrained_draft
+    from roles_gpu import random_target, untrained_draft
+
     from splitserve.config import TargetConfig
     from splitserve.target.hf import load_hf_target
 
@@ -68,7 +65,7 @@ def smollm2(args) -> dict:
 
 
 def large(args) -> dict:
-    from bench.roles_gpu import random_target, untrained_draft
+    from roles_gpu import random_target, untrained_draft
 
     t0 = time.time()
     target = random_target("llama-8b")

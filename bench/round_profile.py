@@ -32,22 +32,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
+from roles_gpu import RANDOM_SHAPES, random_target, untrained_draft
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.roles_gpu import RANDOM_SHAPES, random_target, untrained_draft  # noqa: E402
-from splitserve.config import EngineConfig, ModelsConfig  # noqa: E402
-from splitserve.evaluation.bench import synthetic_prompts  # noqa: E402
-from splitserve.evaluation.gpu_trace import long_gap_neighbours, union  # noqa: E402
-from splitserve.loading import load_models  # noqa: E402
-from splitserve.speculative.engine import Engine, SamplingParams  # noqa: E402
-from splitserve.target.eos import eos_ids  # noqa: E402
-from splitserve.target.graphs import StepGraphs  # noqa: E402
+from splitserve.config import EngineConfig, ModelsConfig
+from splitserve.evaluation.bench import synthetic_prompts
+from splitserve.evaluation.gpu_trace import long_gap_neighbours, union
+from splitserve.loading import load_models
+from splitserve.speculative.engine import Engine, SamplingParams
+from splitserve.target.eos import eos_ids
+from splitserve.target.graphs import StepGraphs
 
 
 def time_graph(fn, iters: int, device: torch.device) -> float:

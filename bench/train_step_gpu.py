@@ -15,21 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from roles_gpu import smollm2_shape
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.roles_gpu import smollm2_shape  # noqa: E402
-from splitserve.config import DraftConfig, LossConfig, TargetConfig  # noqa: E402
-from splitserve.data.chat import TokenizedSample  # noqa: E402
-from splitserve.models.build import build_draft, resolve_arch  # noqa: E402
-from splitserve.stream.sources import TargetSource  # noqa: E402
-from splitserve.target.hf import wrap_hf_model  # noqa: E402
-from splitserve.train.step import collate, draft_loss, plan_blocks, row_generators  # noqa: E402
+from splitserve.config import DraftConfig, LossConfig, TargetConfig
+from splitserve.data.chat import TokenizedSample
+from splitserve.models.build import build_draft, resolve_arch
+from splitserve.stream.sources import TargetSource
+from splitserve.target.hf import wrap_hf_model
+from splitserve.train.step import collate, draft_loss, plan_blocks, row_generators
 
 
 def samples(n: int, vocab: int, seed: int = 0) -> list[TokenizedSample]:

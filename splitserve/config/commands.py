@@ -47,15 +47,14 @@ class EngineConfig:
     # Attention windows: a step attends to the first W cache slots only, W the smallest of
     # min_window, 2*min_window, ... (capped at the capacity) that holds every position the step
     # writes. One CUDA graph per window in use, so a short request does not pay for attention
-    # over the whole max_context. 0: always the whole cache (one graph). On an H200 it cut a
-    # γ=16 round of SmolLM2-135M from 3.04 to 2.02 ms compiled at context 1,024, and made the
-    # round's cost independent of max_context (docs/results/engine_h200.md).
+    # over the whole max_context. 0: always the whole cache (one graph). It makes a round's cost
+    # independent of max_context (measured in docs/results/engine_h200.md).
     min_window: int = 256
     # K > 0: greedy rounds run the Markov stage over each position's K best backbone candidates
     # (models/candidate_chain.py), a few launches instead of 3 per draft position. Output is the
     # target's greedy output either way, but a trained head often promotes tokens the backbone
-    # ranks far lower: on an H200 with a trained γ=16 draft, K=256 saved 0.18 ms of a 2.2 ms
-    # round and lost 11% of τ (K=64: 17%), a net loss (docs/results/engine_h200.md). 0: exact.
+    # ranks far lower, so with a trained draft the τ lost outweighed the time saved
+    # (docs/results/engine_h200.md). 0: exact.
     markov_topk: int = 0
     # Keep each round's confidences c_1..c_γ in GenStats.confidences (STS calibration data for
     # held-out evaluation): one more small device copy and host read per round. Off for serving.

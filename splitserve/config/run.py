@@ -26,7 +26,7 @@ class TargetConfig:
     num_capture_layers: int = 5
     # transformers backend, training and dump: pad each sample to its power-of-two length bucket
     # and replay that bucket's forward as a CUDA graph (target/bucketed.py). None (default): on
-    # when the target runs on CUDA, where it made a training step 2.5-3x faster on an H200
+    # when the target runs on CUDA, where it removes most of a step's host time
     # (docs/results/train_step_h200.md); off on CPU, where padding only adds work.
     capture_graphs: bool | None = None
     # sglang backend: share of the GPU SGLang may take for the target's weights and KV pool (the
