@@ -7,7 +7,9 @@ greedy vs sampling, temperature); graphs share one memory pool since they never 
 Past `max_graphs` keys (many distinct temperatures), new keys simply run eagerly.
 
 Off CUDA, or with use_cuda_graphs off, `run` just calls the step: the CPU path and the GPU path
-execute the same code.
+execute the same code. A step that cannot be captured (a target whose forward copies a host tensor
+or synchronises, as transformers' MoE routing does) turns graphs off for the rest of the run, with
+one line saying why: every step then runs eagerly, the same code, the same tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class StepGraphs:
         self.warmup_iters = warmup_iters
         self._graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
         self._pool = None
+        self.failed: str | None = None  # why capture was given up, if it was
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._graphs
@@ -47,8 +50,14 @@ class StepGraphs:
         if self.generator is not None and hasattr(graph, "register_generator_state"):
             # A user generator must be registered so each replay advances its Philox offset.
             graph.register_generator_state(self.generator)
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            step()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                step()
+        except RuntimeError as exc:  # the step does something a graph cannot hold
+            self.enabled, self.failed = False, str(exc).splitlines()[0]
+            torch.cuda.synchronize()
+            print(f"[graphs] CUDA graphs off: a step could not be captured ({self.failed}); running eagerly")
+            return
         self._pool = graph.pool()
         self._graphs[key] = graph
 
