@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 RUNS = [("dspark_b8", "paper"), ("dspark_b8", "prefix"), ("dspark_b16", "paper"), ("dspark_b16", "prefix"),
         ("dflash_b8", "dflash_ce"), ("dflash_b16", "dflash_ce"), ("dflash_b8", "paper"), ("dflash_b16", "paper"),
         ("dspark_b16_gated", "prefix"), ("dspark_b16_rnn", "prefix"), ("dspark_b16", "prefix_gain"),
-        ("dspark_b16", "expected_length")]
+        ("dspark_b16", "expected_length"), ("dspark_b16", "lk_alpha"), ("dspark_b16", "expected_length_greedy")]
 DEFAULT_RUNS = RUNS[:8]
 RECIPE = dict(num_layers=2, batch_size=8, anchors_per_seq=64, lr=1e-3, markov_lr_scale=1.0, warmup_steps=50,
               max_length=1024)

@@ -294,3 +294,53 @@ def test_decay_follows_the_block_size_unless_set(block_size, g):
     out = compute_loss(x, _cfg("dflash_ce"))
     w1 = math.exp(-1 / g)
     assert math.isclose(float(out.total), (-math.log(0.9) - w1 * math.log(0.7)) / (1 + w1), rel_tol=1e-5)
+
+
+def test_log_accept_distance_hand_computed_and_its_gradient_is_tv_scaled_by_one_over_alpha():
+    """lk_alpha: the distance term is -2 log alpha_k (LK losses' negative log acceptance)."""
+    x = _hand_set()
+    out = compute_loss(x, _cfg("lk_alpha"))
+    alphas = torch.tensor([0.8, 0.9, 0.75, 0.5, 0.8], dtype=torch.float64)
+    w = decay_weights(x.slot, 4.0).double()  # g = 4 at γ = 3
+    expect = float((w * -2 * alphas.log()).sum() / w.sum())
+    assert math.isclose(float(out.tv), expect, rel_tol=1e-9)
+    # d(-2 log alpha)/d logits = (1/alpha) * d(tv)/d logits, row by row (alpha = 1 - tv/2).
+    draft, conf, target, labels, slots, block, gamma = _random_blocks(seed=5)
+    only = dict(ce_weight=0.0, conf_weight=0.0)
+
+    def grad(distance):
+        d = draft.detach().clone().requires_grad_(True)
+        cfg = _cfg("lk_alpha", distance=distance, **only)
+        compute_loss(LossInputs(d, target, labels, slots, conf.detach(), gamma, block), cfg).total.backward()
+        return d.grad
+
+    x = LossInputs(draft.detach(), target, labels, slots, conf, gamma, block)
+    alpha = compute_loss(x, LossConfig()).alpha
+    # both are normalised by the same decay weights, so the rows' ratio is exactly 1/alpha
+    torch.testing.assert_close(grad("log_accept"), grad("tv") / alpha[:, None], rtol=1e-9, atol=1e-12)
+
+
+def test_greedy_acceptance_builds_expected_length_from_the_drafts_mass_on_the_target_argmax():
+    x = _hand_set()
+    out = compute_loss(x, _cfg("expected_length_greedy"))
+    # p_d at argmax p_t per row A1 B1 A2 B2 A3: .9, .6 (tie in p_t: argmax picks index 0), .5, .2, .4
+    # block 7: P = .9, .45, .18 -> 2.53; block 3: P = .6, .12 -> 1.72
+    assert math.isclose(float(out.exp_len), (2.53 + 1.72) / 2, rel_tol=1e-9)
+    # the TV acceptance stays what the confidence head is taught and what metrics report
+    assert torch.allclose(out.alpha, torch.tensor([0.8, 0.9, 0.75, 0.5, 0.8], dtype=torch.float64))
+    tv_version = compute_loss(x, _cfg("expected_length"))
+    assert not math.isclose(float(out.total), float(tv_version.total), rel_tol=1e-3)
+    draft, conf, target, labels, slots, block, gamma = _random_blocks(seed=6)
+    acc_only = _cfg("expected_length_greedy", ce_weight=0.0, tv_weight=0.0, conf_weight=0.0)
+    assert torch.autograd.gradcheck(
+        lambda d: compute_loss(LossInputs(d, target, labels, slots, conf.detach(), gamma, block), acc_only).total,
+        (draft,), eps=1e-6, atol=1e-5)
+
+
+def test_paper_kind_refuses_the_prefix_only_distance_and_acceptance():
+    x = _hand_set()
+    for key, value in (("distance", "log_accept"), ("acceptance", "greedy")):
+        with pytest.raises(ValueError, match="kind=prefix"):
+            compute_loss(x, LossConfig(**{key: value}))
+    with pytest.raises(ValueError, match="loss.distance"):
+        compute_loss(x, LossConfig(kind="prefix", distance="kl"))

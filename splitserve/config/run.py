@@ -102,6 +102,16 @@ class LossConfig:
     # gain = dE[tau]/d alpha_k. The confidence BCE always keeps the decay weights.
     weighting: str = "decay"  # decay | survival | gain
     acc_weight: float = 0.0  # weight of L_acc = -E[tau]/γ
+    # kind=prefix only. The per-slot distance term: tv = ||p_d - p_t||_1; log_accept =
+    # -2 log alpha_k, the negative log acceptance of LK losses (arXiv 2602.23881), equal to tv to
+    # first order but with its gradient scaled by 1/alpha_k, so a slot the draft gets badly wrong
+    # is not starved of gradient.
+    distance: str = "tv"  # tv | log_accept
+    # kind=prefix only. The acceptance behind P_k (survival and gain weights, L_acc): tv =
+    # 1 - ||p_d - p_t||_1 / 2, rejection sampling's at T=1; greedy = p_d(argmax p_t), a smooth
+    # stand-in for greedy verification's test (draft token == target argmax). The confidence
+    # head's labels stay the tv acceptance.
+    acceptance: str = "tv"  # tv | greedy
 
 
 # The position decay g published per block size: 4 at γ <= 8 (DeepSpec's DSpark and DFlash

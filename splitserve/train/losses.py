@@ -14,7 +14,8 @@ The acceptance-aware "prefix" family (docs/losses.md) groups the rows of each bl
     P_k    = prod_{i<=k} alpha_i              prefix survival: tokens 1..k all accepted
     E[tau] = 1 + sum_k P_k                    expected acceptance length, bonus token included
 and reweights CE/TV by P_{k-1} ("survival") or dE[tau]/d alpha_k ("gain") instead of w_k,
-and/or adds L_acc = -E[tau]/γ.
+and/or adds L_acc = -E[tau]/γ; its distance term may be -2 log alpha (LK losses' negative log
+acceptance) instead of TV, and P_k may be built from the greedy acceptance p_d(argmax p_t).
 """
 
 from __future__ import annotations
@@ -75,12 +76,20 @@ def _up(t: torch.Tensor) -> torch.Tensor:
 
 def _row_terms(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """-> ce (P,) = -log p_d(x*), tv (P,) = ||p_d - p_t||_1 in [0, 2]."""
+    ce, tv, _ = _row_terms_with_greedy(x)
+    return ce, tv
+
+
+def _row_terms_with_greedy(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> ce (P,), tv (P,), and greedy (P,) = p_d(argmax p_t): the draft's probability of the
+    token greedy verification would commit."""
     logp_d = F.log_softmax(_up(x.draft_logits), dim=-1)  # (P, V)
     p_d = logp_d.exp()
     p_t = F.softmax(_up(x.target_logits), dim=-1)
     tv = (p_d - p_t).abs().sum(-1)  # (P,)
     ce = -logp_d.gather(-1, x.labels[:, None]).squeeze(-1)
-    return ce, tv
+    greedy = p_d.gather(-1, x.target_logits.argmax(-1, keepdim=True)).squeeze(-1)
+    return ce, tv, greedy
 
 
 def _conf_term(x: LossInputs, alpha: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor) -> torch.Tensor:
@@ -171,11 +180,14 @@ def acceptance_gain(a: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def prefix_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
     """The paper's terms with acceptance-aware CE/TV weights, plus acc_weight * (-E[tau]/γ)."""
-    ce, tv = _row_terms(x)
+    ce, tv, greedy = _row_terms_with_greedy(x)
     alpha = 1.0 - 0.5 * tv  # (P,), differentiable: L_acc needs its gradient
+    accept = greedy if cfg.acceptance == "greedy" else alpha  # what P_k is a product of
     grid = BlockGrid.of(x)
-    a = grid.scatter(alpha, fill=1.0)  # (NB, γ)
+    a = grid.scatter(accept, fill=1.0)  # (NB, γ)
     exp_len = expected_length(a, grid.valid)  # (NB,)
+    # log_accept: -2 log alpha; alpha is floored so a slot with no overlap at all stays finite
+    dist = -2.0 * torch.log(alpha.clamp_min(1e-6)) if cfg.distance == "log_accept" else tv
 
     decay = decay_weights(x.slot, decay_for(cfg, x.block_size)).to(tv.dtype)
     # Weights are constants (computed from a detached alpha). With a gradient through them,
@@ -190,7 +202,7 @@ def prefix_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
         w = grid.gather(acceptance_gain(a.detach(), grid.valid))
     wsum = w.sum().clamp_min(1e-8)
     l_ce = (w * ce).sum() / wsum
-    l_tv = (w * tv).sum() / wsum
+    l_tv = (w * dist).sum() / wsum
     # The confidence head must be calibrated at every slot (the scheduler multiplies them), so
     # its labels keep the paper's decay weights whatever the CE/TV weights are.
     l_conf = _conf_term(x, alpha.detach(), decay, decay.sum().clamp_min(1e-8))
@@ -204,6 +216,8 @@ def prefix_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
 
 LOSSES = {"paper": paper_loss, "prefix": prefix_loss}
 WEIGHTINGS = ("decay", "survival", "gain")
+DISTANCES = ("tv", "log_accept")
+ACCEPTANCES = ("tv", "greedy")
 
 
 def compute_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
@@ -211,9 +225,14 @@ def compute_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
         raise ValueError(f"loss.kind must be one of {sorted(LOSSES)}, got {cfg.kind!r}")
     if cfg.weighting not in WEIGHTINGS:
         raise ValueError(f"loss.weighting must be one of {WEIGHTINGS}, got {cfg.weighting!r}")
-    if cfg.kind == "paper" and (cfg.weighting != "decay" or cfg.acc_weight):
-        raise ValueError("loss.kind=paper is the paper's fixed recipe; weighting and acc_weight "
-                         "need loss.kind=prefix (e.g. loss=prefix or loss=expected_length)")
+    if cfg.distance not in DISTANCES:
+        raise ValueError(f"loss.distance must be one of {DISTANCES}, got {cfg.distance!r}")
+    if cfg.acceptance not in ACCEPTANCES:
+        raise ValueError(f"loss.acceptance must be one of {ACCEPTANCES}, got {cfg.acceptance!r}")
+    if cfg.kind == "paper" and (cfg.weighting != "decay" or cfg.acc_weight or cfg.distance != "tv"
+                                or cfg.acceptance != "tv"):
+        raise ValueError("loss.kind=paper is the paper's fixed recipe; weighting, acc_weight, distance and "
+                         "acceptance need loss.kind=prefix (e.g. loss=prefix or loss=expected_length)")
     out = LOSSES[cfg.kind](x, cfg)
     if out.exp_len is None and x.block is not None:
         # Log the teacher-forced E[tau] for every kind, so ablations compare on one number.
