@@ -160,11 +160,11 @@ def test_unknown_fields_are_400_naming_them_and_neutral_values_pass(client):
     assert res.usage.completion_tokens >= 1
 
 
-def test_validation_errors_are_json_422_naming_the_field(server, client):
+def test_validation_errors_are_json_400_naming_the_field(server, client):
     body = json.dumps({"messages": [{"role": "user", "content": 5}], "max_tokens": "many"}).encode()
     status, _, payload = _raw(server, _req("POST", "/v1/chat/completions", body))
     err = json.loads(payload)["error"]
-    assert status == 422 and "max_tokens" in err["message"] and "messages.0.content" in err["message"]
+    assert status == 400 and "max_tokens" in err["message"] and "messages.0.content" in err["message"]
     _still_serves(client)
 
 

@@ -46,7 +46,7 @@ from splitserve.speculative.engine import ContextLengthError, Engine, SamplingPa
 log = logging.getLogger("splitserve.serve")
 CLIENT_CHECK_S = 0.25  # how often a waiting non-streaming route looks for a client that left
 KINDS = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-         405: "invalid_request_error", 422: "invalid_request_error"}
+         405: "invalid_request_error"}
 
 
 class ClientGone(Exception):
@@ -140,7 +140,8 @@ class SplitServer:
         @app.exception_handler(RequestValidationError)
         async def invalid(request: Request, exc: RequestValidationError):
             message, param = _validation_message(exc)
-            return JSONResponse(ApiError(422, message, param).body(), status_code=422)
+            # 400, as vLLM and OpenAI answer a malformed request (FastAPI's own default is 422)
+            return JSONResponse(ApiError(400, message, param).body(), status_code=400)
 
         @app.exception_handler(Exception)
         async def bug(request: Request, exc: Exception):  # a bug must not take the server down
