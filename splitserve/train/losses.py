@@ -74,22 +74,16 @@ def _up(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _row_terms(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> ce (P,) = -log p_d(x*), tv (P,) = ||p_d - p_t||_1 in [0, 2]."""
-    ce, tv, _ = _row_terms_with_greedy(x)
-    return ce, tv
-
-
-def _row_terms_with_greedy(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> ce (P,), tv (P,), and greedy (P,) = p_d(argmax p_t): the draft's probability of the
-    token greedy verification would commit."""
+def _row_terms(x: LossInputs, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """-> ce (P,) = -log p_d(x*), tv (P,) = ||p_d - p_t||_1 in [0, 2], and, when asked for,
+    p_d(argmax p_t) (P,): the draft's probability of the token greedy verification commits."""
     logp_d = F.log_softmax(_up(x.draft_logits), dim=-1)  # (P, V)
     p_d = logp_d.exp()
     p_t = F.softmax(_up(x.target_logits), dim=-1)
     tv = (p_d - p_t).abs().sum(-1)  # (P,)
     ce = -logp_d.gather(-1, x.labels[:, None]).squeeze(-1)
-    greedy = p_d.gather(-1, x.target_logits.argmax(-1, keepdim=True)).squeeze(-1)
-    return ce, tv, greedy
+    mass = p_d.gather(-1, x.target_logits.argmax(-1, keepdim=True)).squeeze(-1) if greedy else None
+    return ce, tv, mass
 
 
 def _conf_term(x: LossInputs, alpha: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor) -> torch.Tensor:
@@ -101,7 +95,7 @@ def _conf_term(x: LossInputs, alpha: torch.Tensor, w: torch.Tensor, wsum: torch.
 
 
 def paper_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
-    ce, tv = _row_terms(x)
+    ce, tv, _ = _row_terms(x)
     alpha = (1.0 - 0.5 * tv).detach()
 
     w = decay_weights(x.slot, decay_for(cfg, x.block_size)).to(tv.dtype)
@@ -180,7 +174,7 @@ def acceptance_gain(a: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def prefix_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
     """The paper's terms with acceptance-aware CE/TV weights, plus acc_weight * (-E[tau]/γ)."""
-    ce, tv, greedy = _row_terms_with_greedy(x)
+    ce, tv, greedy = _row_terms(x, greedy=cfg.acceptance == "greedy")
     alpha = 1.0 - 0.5 * tv  # (P,), differentiable: L_acc needs its gradient
     accept = greedy if cfg.acceptance == "greedy" else alpha  # what P_k is a product of
     grid = BlockGrid.of(x)
