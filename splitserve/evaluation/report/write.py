@@ -6,9 +6,7 @@ import json
 import os
 from pathlib import Path
 
-# The module, not its names: plots imports report.runs, so `import evaluation.plots` first runs this
-# file while plots is still half-initialised.
-from splitserve.evaluation import plots
+from splitserve.evaluation.plots import plot_acceptance_by_config, plot_tau_vs_tokens
 from splitserve.evaluation.report.ratios import ratio_rows, ratio_table
 from splitserve.evaluation.report.runs import RunSummary, config_labels, read_sweep, read_yaml
 from splitserve.evaluation.report.table import COLUMNS, markdown_table, table_rows
@@ -95,8 +93,8 @@ def write_report(sweep_dir: str | Path, wandb: bool = False, wandb_project: str 
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"{sweep_dir} is not a directory")
     runs = read_sweep(sweep_dir)
-    plots.plot_acceptance_by_config(runs, sweep_dir / ACCEPTANCE_PNG)
-    plots.plot_tau_vs_tokens(runs, sweep_dir / TAU_PNG)
+    plot_acceptance_by_config(runs, sweep_dir / ACCEPTANCE_PNG)
+    plot_tau_vs_tokens(runs, sweep_dir / TAU_PNG)
     (sweep_dir / "report.json").write_text(json.dumps([r.to_dict() for r in runs], indent=1))
     path = sweep_dir / "report.md"
     path.write_text(render_markdown(sweep_dir, runs))
