@@ -5,7 +5,8 @@ Schema errors (a wrong type, a value out of range, a missing field) are pydantic
 as a 400 naming each field, as vLLM answers them. A field the schema does not know is a 400
 naming it: either one we know and refuse (`REFUSED`: it would change the output in a way the
 lossless speculative sampler does not implement, so answering without it would be a silent
-lie) unless it carries its neutral value, or one nobody defined (a typo). `ServerConfig.ignore_fields` names fields to drop instead.
+lie) unless it carries its neutral value, or one nobody defined (a typo).
+`ServerConfig.ignore_fields` names fields to drop instead.
 Everything renders as OpenAI's `{"error": {...}}`.
 """
 
