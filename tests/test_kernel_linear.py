@@ -1,0 +1,198 @@
+"""The weight-only linear: its PyTorch reference (target/native/linear.py) and the Triton kernel
+(target/native/linear_kernel.py) agree, for bf16-style same-dtype weights and for fp8 weights.
+
+On CUDA the compiled kernel runs; on a CPU, whenever triton is installed, the same kernel runs on
+CPU tensors under Triton's interpreter, in float32, so the tolerances are float32's. Shapes are
+not multiples of the block sizes and not square, so a masking or layout bug shows.
+"""
+
+import pytest
+import torch
+from floats import assert_float32_close
+
+from splitserve.accel import HAS_TRITON
+from splitserve.target.native import linear as ref
+
+if not HAS_TRITON:
+    pytest.skip("triton is not installed (pip install triton: its interpreter runs these kernels on a CPU)",
+                allow_module_level=True)
+
+from splitserve.target.native import linear_kernel as lk  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if DEV.type == "cpu":
+    from triton.runtime import interpreter
+
+    # tests/conftest.py sets TRITON_INTERPRET=1 on machines without CUDA before anything imports
+    # triton: the kernels are decorated at import, so the switch cannot be thrown later.
+    if not isinstance(lk._linear_kernel, interpreter.InterpretedFunction):
+        pytest.skip("no CUDA and triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def numpy_2_4_scalar_index(monkeypatch):
+    """triton <= 3.6's interpreter makes a scalar argument used as a loop bound (range(steps)) an
+    int with int(one-element array), which NumPy 2.4 refuses ("only 0-dimensional arrays can be
+    converted to Python scalars"); this applies the upstream fix (triton-lang/triton#9171, in 3.7)."""
+    if DEV.type == "cuda" or not hasattr(interpreter, "_patch_lang_tensor"):
+        return
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
+
+
+def _weights(n: int, k: int, seed: int = 0) -> torch.Tensor:
+    """(N, K) with row magnitudes over 6 decades: a scale on the wrong axis cannot fit them all."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=g) * torch.logspace(-3, 3, n)[:, None]
+
+
+def _inputs(t: int, n: int, k: int, fp8: bool, bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(t, k, generator=g)
+    w = torch.randn(n, k, generator=g)
+    scale = None
+    if fp8:
+        w, scale = ref.quantize_fp8(w)
+    b = torch.randn(n, generator=g) if bias else None
+    return x, w, scale, b
+
+
+def _on_dev(*tensors):
+    return [a.to(DEV) if a is not None else None for a in tensors]
+
+
+# reference
+
+
+def test_fp8_reference_is_the_dequantised_matmul():
+    x, w8, scale, b = _inputs(3, 100, 72, fp8=True, bias=True)
+    want = torch.einsum("tk,nk->tn", x.double(), w8.double()) * scale.double() + b.double()  # (T, N)
+    got = ref.linear(x, w8, scale, b)
+    assert got.shape == (3, 100) and got.dtype == torch.float32
+    assert_float32_close(got, want.float())
+    assert ref.linear(x.bfloat16(), w8, scale, b).dtype == torch.bfloat16
+
+
+def test_quantize_fp8_round_trip_is_bounded_per_row():
+    w = _weights(24, 40)
+    w8, scale = ref.quantize_fp8(w)
+    assert w8.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == (24,)
+    assert torch.equal(w8.float().abs().amax(1), torch.full((24,), 448.0))  # each row's absmax is the top
+    err = (w8.float() * scale[:, None] - w).abs()
+    # e4m3 keeps 3 mantissa bits: rounding moves a normal value by at most 1/16 of itself, a
+    # subnormal by half their spacing, 2^-10 of the row's scale.
+    bound = w.abs() / 16 + scale[:, None] * 2**-10
+    assert (err <= bound).all()
+    assert err.max() > 0  # lossy, as the module says
+    # The bound has teeth: one scale per column (the wrong axis) flushes the small rows to zero.
+    col_scale = w.abs().amax(0) / 448
+    col_err = ((w / col_scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * col_scale - w).abs()
+    assert not (col_err <= bound).all()
+
+
+def test_quantize_fp8_zero_row():
+    w = _weights(5, 16)
+    w[2] = 0
+    w8, scale = ref.quantize_fp8(w)
+    assert scale[2] == 1 and (w8[2].float() == 0).all()
+    x = torch.randn(2, 16)
+    y = ref.linear(x, w8, scale)
+    assert torch.isfinite(y).all() and (y[:, 2] == 0).all()
+
+
+def test_bad_arguments_are_named():
+    x, w8, scale, _ = _inputs(2, 10, 8, fp8=True, bias=False)
+    with pytest.raises(ValueError, match="needs its per-row scale"):
+        ref.linear(x, w8)
+    with pytest.raises(ValueError, match="only for fp8"):
+        ref.linear(x, torch.randn(10, 8), scale)
+    with pytest.raises(ValueError, match=r"scale must be \(10,\) float32"):
+        ref.linear(x, w8, scale.double())
+    with pytest.raises(ValueError, match="w must be"):
+        ref.linear(x, torch.randn(10, 8).half())
+    with pytest.raises(ValueError, match="x must be"):
+        lk.linear_triton(x, torch.randn(10, 9))
+
+
+# kernel vs reference
+
+
+@pytest.mark.parametrize("t", [1, 3, 17])
+@pytest.mark.parametrize("n, k", [(100, 72), (257, 130)])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_matches_reference(t, n, k, fp8, bias):
+    x, w, scale, b = _inputs(t, n, k, fp8, bias, seed=t + n)
+    want = ref.linear(x, w, scale, b)
+    got = lk.linear_triton(*_on_dev(x, w, scale, b))
+    assert got.shape == (t, n) and got.dtype == x.dtype
+    assert_float32_close(got.cpu(), want)
+
+
+@pytest.mark.parametrize("t", [1, 17])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_split_k_matches_reference(t, fp8):
+    """Few N tiles and a long K: the programs split K and a second kernel adds the partial sums."""
+    n, k = 40, 2100
+    x, w, scale, b = _inputs(t, n, k, fp8, bias=True)
+    assert lk.pick_config(t, n, k, w.element_size()).split_k > 1
+    got = lk.linear_triton(*_on_dev(x, w, scale, b))
+    assert_float32_close(got.cpu(), ref.linear(x, w, scale, b))
+
+
+def test_kernel_is_not_the_transposed_or_wrong_axis_product():
+    """Square here on purpose, where layout bugs still run: the tolerance above rejects them."""
+    t, n = 3, 96
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(t, n, generator=g)
+    w8, scale = ref.quantize_fp8(_weights(n, n))
+    got = lk.linear_triton(x.to(DEV), w8.to(DEV), scale.to(DEV)).cpu()
+    assert_float32_close(got, ref.linear(x, w8, scale))
+    wrong_axis = x @ (w8.float() * scale[None, :]).T
+    transposed = x @ (w8.float() * scale[:, None])
+    for bad in (wrong_axis, transposed):
+        with pytest.raises(AssertionError):
+            assert_float32_close(got, bad, rtol=1e-2)
+
+
+def test_bf16_activations():
+    x, w8, scale, b = _inputs(3, 100, 72, fp8=True, bias=True)
+    x = x.bfloat16()
+    want = ref.linear(x, w8, scale, b).float()
+    got = lk.linear_triton(x.to(DEV), w8.to(DEV), scale.to(DEV), b.to(DEV))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float().cpu(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+
+
+def test_dispatch(monkeypatch):
+    """fp8 weights take the kernel for T <= 32; same-dtype weights only when asked; else the reference."""
+    x, w8, scale, _ = _inputs(1, 20, 16, fp8=True, bias=False)
+    w = torch.randn(20, 16)
+    assert torch.equal(lk.linear(x, w8, scale), ref.linear(x, w8, scale))  # CPU tensors: the reference
+    took = []
+    monkeypatch.setattr(lk, "triton_usable", lambda t: True)
+    monkeypatch.setattr(lk, "linear_triton", lambda *a: took.append("triton"))
+    monkeypatch.setattr(lk.reference, "linear", lambda *a: took.append("reference"))
+    lk.linear(x, w8, scale)
+    lk.linear(x, w)
+    lk.linear(x, w, prefer_triton=True)
+    lk.linear(torch.randn(33, 16), w8, scale)
+    assert took == ["triton", "reference", "triton", "reference"]
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "triton_op"), reason="torch < 2.6 has no torch.library.triton_op")
+def test_custom_op_passes_opcheck():
+    """The registered op's schema holds, and on CUDA its fake (meta) path, which torch.compile traces.
+    Under the interpreter wrap_triton hands back the kernel itself, which cannot run on fake tensors;
+    test_schema compares inputs before and after with allclose, which has no fp8 kernel."""
+    fake = ("test_faketensor", "test_aot_dispatch_dynamic") if DEV.type == "cuda" else ()
+    x, w8, scale, b = _on_dev(*_inputs(2, 20, 16, fp8=True, bias=True))
+    op = torch.ops.splitserve.weight_linear
+    torch.library.opcheck(op, (x, torch.randn(20, 16, device=DEV), None, b), test_utils=("test_schema", *fake))
+    if fake:
+        torch.library.opcheck(op, (x, w8, scale, b), test_utils=fake)
