@@ -1,0 +1,190 @@
+"""Attention over the static KV cache (target/native/): the PyTorch reference against a naive
+per-head loop, and the Triton kernel against the reference.
+
+On CUDA the compiled kernel runs; on a CPU, whenever triton is installed, it runs on CPU tensors
+under Triton's interpreter (see tests/test_kernel_verify.py). Skipped only where triton is not
+installed (the reference tests need no triton, but share the file's skip to keep one setup).
+"""
+
+import pytest
+import torch
+
+from splitserve.accel import HAS_TRITON
+from splitserve.target.native import attention as ref
+
+if not HAS_TRITON:
+    pytest.skip("triton is not installed (pip install triton: its interpreter runs these kernels on a CPU)",
+                allow_module_level=True)
+
+from splitserve.target.native import attention_kernel as kernels  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if DEV.type == "cpu":
+    from triton.runtime import interpreter
+
+    # tests/conftest.py sets TRITON_INTERPRET=1 on machines without CUDA before anything imports
+    # triton: the kernels (and triton.language's own jit helpers such as tl.argmax) are decorated
+    # at import, so the switch cannot be thrown later.
+    if not isinstance(kernels._split_kernel, interpreter.InterpretedFunction):
+        pytest.skip("no CUDA and triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def numpy_2_4_scalar_index(monkeypatch):
+    """triton <= 3.6's interpreter makes a scalar argument used as a loop bound (range(steps)) an
+    int with int(one-element array), which NumPy 2.4 refuses ("only 0-dimensional arrays can be
+    converted to Python scalars"); this applies the upstream fix (triton-lang/triton#9171, in 3.7)."""
+    if DEV.type == "cuda" or not hasattr(interpreter, "_patch_lang_tensor"):
+        return
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
+
+
+HUGE = 1e4  # in slots no query may read: any leak shows as an error of this size
+
+
+def _inputs(T, Hkv, G, hd, L, window, last, seed=0, fused=False):
+    """Queries at positions last-T+1..last (a verify block; T=1 is decode) over a cache whose
+    slots above `last` (stale) and from `window` on (outside the window) hold HUGE."""
+    g = torch.Generator().manual_seed(seed)
+    Hq = Hkv * G
+    if fused:  # q as the fused qkv projection's output hands it: rows of (Hq + 2*Hkv) * hd
+        qkv = torch.randn(T, (Hq + 2 * Hkv) * hd, generator=g)
+        q = qkv[:, :Hq * hd].view(T, Hq, hd)
+        assert T == 1 or not q.is_contiguous()
+    else:
+        q = torch.randn(T, Hq, hd, generator=g)
+    k = torch.randn(Hkv, L, hd, generator=g)
+    v = torch.randn(Hkv, L, hd, generator=g)
+    for c in (k, v):
+        c[:, last + 1:] = HUGE
+    positions = torch.arange(last - T + 1, last + 1)
+    return q, k, v, positions
+
+
+def _naive(q, k, v, positions, window, scale, sliding_window=None):
+    """One head at a time, K/V repeated to the query heads, float32 softmax over a -inf mask."""
+    T, Hq, hd = q.shape
+    G = Hq // k.shape[0]
+    k, v = k.repeat_interleave(G, 0)[:, :window].float(), v.repeat_interleave(G, 0)[:, :window].float()
+    slots = torch.arange(window)
+    out = torch.empty(T, Hq, hd)
+    for h in range(Hq):
+        scores = q[:, h].float() @ k[h].T * scale  # (T, W)
+        visible = slots[None] <= positions[:, None]
+        if sliding_window is not None:
+            visible &= slots[None] > positions[:, None] - sliding_window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out[:, h] = torch.softmax(scores, -1) @ v[h]
+    return out
+
+
+@pytest.mark.parametrize("T", [1, 5])
+@pytest.mark.parametrize("G", [1, 3, 4])
+@pytest.mark.parametrize("sliding_window", [None, 7])
+def test_reference_matches_naive(T, G, sliding_window):
+    hd, L, window = 16, 48, 40
+    for last in (T - 1, 20, window - 1):  # the first block, one in the middle, the window's end
+        q, k, v, positions = _inputs(T, 2, G, hd, L, window, last, seed=last)
+        k[:, window:] = v[:, window:] = HUGE  # outside the window, even where no query is stale
+        got = ref.decode_attention(q, k, v, positions, window, hd**-0.5, sliding_window)
+        want = _naive(q, k, v, positions, window, hd**-0.5, sliding_window)
+        assert got.shape == q.shape and got.dtype == q.dtype
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_chunks_long_inputs(monkeypatch):
+    """A prefill too long for one mask goes through several SDPA calls, with the same result."""
+    q, k, v, positions = _inputs(23, 2, 3, 16, 64, 64, 40)
+    want = _naive(q, k, v, positions, 64, 0.25)
+    monkeypatch.setattr(ref, "MASK_ENTRIES", 3 * 64 * 5)  # 5 queries per call
+    torch.testing.assert_close(ref.decode_attention(q, k, v, positions, 64, 0.25), want, rtol=1e-5, atol=1e-5)
+
+
+KERNEL_CASES = [  # (hd, T, G, window, sliding_window, num_splits)
+    (64, 1, 1, 40, None, None),
+    (64, 1, 3, 300, None, None),
+    (64, 1, 4, 300, 16, None),
+    (64, 17, 3, 40, 16, None),
+    (64, 17, 1, 300, None, 2),  # splits of several tiles: the online softmax across tiles
+    (64, 17, 4, 300, 16, 2),
+    (128, 1, 4, 40, 16, None),
+    (128, 1, 1, 300, 16, None),
+    (128, 17, 3, 300, None, None),
+    (128, 17, 4, 40, None, None),
+    (128, 17, 1, 300, 16, 1),  # one split over five tiles
+    (128, 1, 3, 300, None, 3),
+    (64, 33, 4, 40, None, None),  # 132 rows: two row blocks of 128
+    (256, 5, 2, 100, 16, None),
+]
+
+
+@pytest.mark.parametrize("hd, T, G, window, sliding_window, num_splits", KERNEL_CASES)
+@pytest.mark.parametrize("fused", [False, True])
+def test_kernel_matches_reference(hd, T, G, window, sliding_window, num_splits, fused):
+    L = window + 8  # slots window..L-1 hold HUGE
+    # The window's end, and a block early in a long window (most tiles skipped, stale slots above).
+    for last in sorted({window - 1, min(T + 20, window - 1)}):
+        q, k, v, positions = _inputs(T, 2, G, hd, L, window, last, seed=last, fused=fused)
+        k[:, window:] = v[:, window:] = HUGE
+        want = ref.decode_attention(q, k, v, positions, window, hd**-0.5, sliding_window)
+        got = kernels.decode_attention_triton(q.to(DEV), k.to(DEV), v.to(DEV), positions.to(DEV), window,
+                                              hd**-0.5, sliding_window, num_splits=num_splits)
+        assert got.shape == q.shape and got.dtype == q.dtype
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, tol", [
+    (torch.float16, 2e-3),
+    pytest.param(torch.bfloat16, 2e-2, marks=pytest.mark.skipif(
+        DEV.type != "cuda", reason="triton 3.6's interpreter keeps bf16 as uint16 and its tl.dot multiplies the bits")),
+])
+def test_kernel_16_bit(dtype, tol):
+    """16-bit caches: products accumulate in fp32 but the softmax weights are rounded to the cache's
+    dtype for the second product (as in FlashAttention), hence the looser tolerance."""
+    q, k, v, positions = (x.to(dtype) if x.is_floating_point() else x for x in _inputs(17, 2, 3, 64, 300, 300, 280))
+    want = ref.decode_attention(q.float(), k.float(), v.float(), positions, 300, 0.125, 64)
+    got = kernels.decode_attention_triton(q.to(DEV), k.to(DEV), v.to(DEV), positions.to(DEV), 300, 0.125, 64)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float().cpu(), want, rtol=tol, atol=tol)
+
+
+def test_dispatcher_takes_the_reference_off_cuda_and_for_long_inputs():
+    q, k, v, positions = _inputs(kernels.MAX_TRITON_QUERIES + 1, 2, 3, 16, 48, 48, 40)
+    want = ref.decode_attention(q, k, v, positions, 48, 0.25)
+    torch.testing.assert_close(kernels.decode_attention(q, k, v, positions, 48, 0.25), want, rtol=0, atol=0)
+
+
+def test_registered_op():
+    if not hasattr(torch.library, "triton_op"):
+        pytest.skip("torch < 2.6: no triton_op, the kernel launches directly")
+    schema = torch.ops.splitserve.decode_attention.default._schema
+    assert [a.name for a in schema.arguments] == ["q", "k_cache", "v_cache", "positions", "window", "scale",
+                                                  "sliding_window", "num_splits"], schema
+    assert not any(a.alias_info for a in schema.arguments), schema  # mutates nothing
+
+
+@pytest.mark.skipif(DEV.type != "cuda", reason="the interpreter runs kernels eagerly: wrap_triton cannot trace them")
+def test_traceable_and_capturable_on_cuda():
+    """torch.compile needs the op traceable under fake tensors (its fake implementation is its
+    own body); a CUDA graph needs no host sync: one capture serves new positions."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    q, k, v, positions = (x.to(DEV) for x in _inputs(3, 2, 3, 64, 256, 256, 40))
+    gm = make_fx(lambda *a: kernels.decode_attention(*a, 256, 0.125, 16), tracing_mode="fake")(q, k, v, positions)
+    assert any("splitserve.decode_attention" in str(n.target) for n in gm.graph.nodes), gm.graph
+    kernels.decode_attention(q, k, v, positions, 256, 0.125)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.decode_attention(q, k, v, positions, 256, 0.125)
+    for last in (2, 100, 255):
+        positions.copy_(torch.arange(last - 2, last + 1))
+        graph.replay()
+        torch.testing.assert_close(out, ref.decode_attention(q, k, v, positions, 256, 0.125), rtol=1e-4, atol=1e-5)
