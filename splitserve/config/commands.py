@@ -59,6 +59,16 @@ class EngineConfig:
     # Keep each round's confidences c_1..c_γ in GenStats.confidences (STS calibration data for
     # held-out evaluation): one more small device copy and host read per round. Off for serving.
     record_confidence: bool = False
+    # The target forward of the engine's static steps: native (target/native/, the Llama family:
+    # packed q|k|v and gate|up products, attention over the cache for a few queries) | hf (the
+    # transformers forward) | auto (native where it serves the target, else hf). Lossless either way.
+    decoder: str = "auto"
+    # model: the target's own weights | fp8: weight-only FP8 copies of every layer product (native
+    # decoder only), half the bytes read per step and NOT lossless against the model's own dtype
+    weight_format: str = "model"
+    # Run the native decoder's products in the Triton weight-product kernel instead of cuBLAS
+    # (FP8 weights always use it): bench/linear_gpu.py compares the two
+    triton_linear: bool = False
 
 
 @dataclass

@@ -46,6 +46,7 @@ from splitserve.speculative.schedule import SCHEDULES, choose_prefix, linear_cos
 from splitserve.speculative.verify import verify_block
 from splitserve.target.backend import DecodingTarget, require_decoding
 from splitserve.target.graphs import StepGraphs
+from splitserve.target.native.target import native_target
 
 MODES = ("spec", "ar")
 
@@ -107,7 +108,9 @@ OnTokens = Callable[[list[int]], bool]  # new committed tokens -> keep going?
 class Engine:
     def __init__(self, target: DecodingTarget, draft: DSparkDraft | None, cfg: EngineConfig | None = None):
         self.cfg = cfg = cfg or EngineConfig()
-        self.target, self.draft = require_decoding(target, "the serving engine"), draft
+        target = native_target(require_decoding(target, "the serving engine"), cfg.decoder, cfg.weight_format,
+                               cfg.triton_linear)
+        self.target, self.draft = target, draft
         self.device = target.device
         max_pos = target.max_positions
         self.max_context = min(cfg.max_context, max_pos) if max_pos else cfg.max_context

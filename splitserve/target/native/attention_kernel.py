@@ -40,6 +40,9 @@ MAX_SPLITS = 64  # the merge kernel holds all splits of a row at once
 LOG2E = 1.4426950408889634
 
 
+HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernel's constexpr head sizes; others take the reference
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -50,7 +53,7 @@ def decode_attention(
     sliding_window: int | None = None,
 ) -> torch.Tensor:
     """q (T, Hq, hd), k_cache / v_cache (Hkv, L, hd), positions (T,) int64 -> out (T, Hq, hd)."""
-    if triton_usable(q) and q.shape[0] <= MAX_TRITON_QUERIES:
+    if triton_usable(q) and q.shape[0] <= MAX_TRITON_QUERIES and q.shape[-1] in HEAD_DIMS:
         return decode_attention_triton(q, k_cache, v_cache, positions, window, scale, sliding_window)
     return reference.decode_attention(q, k_cache, v_cache, positions, window, scale, sliding_window)
 
@@ -180,7 +183,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, posit
     Hkv = k_cache.shape[0]
     G = Hq // Hkv
     assert G * Hkv == Hq and v_cache.shape[0] == Hkv, (q.shape, k_cache.shape, v_cache.shape)
-    assert hd in (16, 32, 64, 128, 256) and k_cache.shape[2] == hd, (hd, k_cache.shape)
+    assert hd in HEAD_DIMS and k_cache.shape[2] == hd, (hd, k_cache.shape)
     assert 0 < window <= k_cache.shape[1], (window, k_cache.shape)
     rows = G * T
     block_m, block_kv, row_blocks, splits, tiles_per_split = plan(rows, Hkv, hd, window, q.device, num_splits)

@@ -1,0 +1,162 @@
+"""The batch-1 floor, in one run: the engine's AR step and speculative round beside the
+transformers static-cache peer and the weight-read floor, for both target shapes.
+
+    python bench/engine_floor_gpu.py --out floor.json [--shapes llama-8b smollm2] \
+        [--variants hf-compiled native native-fp8] [--draft-layers 4] [--block-size 16] \
+        [--prompt-len 300] [--new-tokens 128] [--iters 50] [--project-tau 3.0] [--no-peer]
+
+Per shape, random bf16 weights of the real shape (a step's time does not depend on the values):
+  floor    the bytes one decode step must read (every layer's weights, the final norm, the
+           lm_head, one embedding row) over the device-to-device copy bandwidth measured here
+  peer     transformers `generate` with cache_implementation="static" (transformers compiles
+           that forward itself), greedy, EOS ignored: TPOT = (t(1 + N) - t(1)) / N
+  engine   per variant: t_decode, t_draft, t_verify and t_round, each its own CUDA graph replayed
+           back to back (round_profile.component_costs); AR TPOT and wall time per round in real
+           requests; kernels per round and GPU idle inside the decode window (a profiled request)
+Variants name EngineConfig settings: hf | native, then any of -compiled (torch.compile, inductor),
+-fp8 (weight-only FP8, not lossless), -tlin (the Triton weight product for bf16 weights).
+The draft is untrained, so nothing is accepted: any TPOT at a τ is a projection,
+τ · (AR TPOT) / (wall time per round), labelled so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from roles_gpu import copy_bandwidth, random_target, untrained_draft
+from round_profile import component_costs, idle_profile, requests
+
+from splitserve.config import EngineConfig
+from splitserve.evaluation.bench import synthetic_prompts
+from splitserve.speculative.engine import Engine, SamplingParams
+
+
+def variant_config(name: str, max_context: int) -> EngineConfig:
+    base, *flags = name.split("-")
+    if base not in ("hf", "native") or any(f not in ("compiled", "fp8", "tlin") for f in flags):
+        raise SystemExit(f"unknown variant {name!r}: hf|native followed by -compiled, -fp8, -tlin")
+    return EngineConfig(max_context=max_context, decoder=base, weight_format="fp8" if "fp8" in flags else "model",
+                        triton_linear="tlin" in flags, compile_backend="inductor" if "compiled" in flags else None)
+
+
+def step_bytes(target) -> int:
+    """Bytes a decode step reads at least: every parameter once, but one row of the input
+    embedding (tied embeddings: the lm_head reads the whole matrix anyway)."""
+    model = target.hf.model if hasattr(target, "hf") else target.model
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if embed.data_ptr() != head.data_ptr():
+        total -= (embed.shape[0] - 1) * embed.shape[1] * embed.element_size()
+    return total
+
+
+def peer_tpot_ms(target, prompt: list[int], new_tokens: int, reps: int = 3) -> float:
+    """transformers generate, static cache (compiled by transformers), greedy, EOS ignored."""
+    model = target.hf.model if hasattr(target, "hf") else target.model
+    ids = torch.tensor([prompt], device=target.device)
+    kw = dict(do_sample=False, cache_implementation="static", eos_token_id=None, pad_token_id=0,
+              attention_mask=torch.ones_like(ids), temperature=None, top_p=None, top_k=None)
+
+    def run(n: int) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    for _ in range(2):  # compilation, graph capture
+        run(new_tokens + 1)
+    long = statistics.median(run(new_tokens + 1) for _ in range(reps))
+    short = statistics.median(run(1) for _ in range(reps))
+    return 1000 * (long - short) / new_tokens
+
+
+def engine_costs(target, draft, name: str, prompts, args) -> dict:
+    cfg = variant_config(name, args.prompt_len + args.new_tokens + 64)
+    t0 = time.time()
+    engine = Engine(target, draft, cfg)
+    params = SamplingParams(max_tokens=args.new_tokens)
+    out = component_costs(engine, prompts[0], args.iters)
+    for mode in ("spec", "ar"):
+        engine.generate(prompts[0], params, mode=mode)  # graph capture (and compilation)
+    spec, ar = requests(engine, prompts, params, "spec"), requests(engine, prompts, params, "ar")
+    out["exact"] = sum(a == b for a, b in zip(spec.pop("outputs"), ar.pop("outputs")))
+    out["spec"], out["ar"] = spec, ar
+    prof = idle_profile(engine, prompts[0], params) if engine.device.type == "cuda" else {}
+    out["kernels_per_round"] = prof.get("kernels_per_round")
+    out["gpu_idle_fraction"] = prof.get("gpu_idle_fraction")
+    out["top_kernels"] = prof.get("top_kernels", [])[:8]
+    out["decoder"] = type(engine.target).__name__
+    out["setup_s"] = time.time() - t0
+    out["projected"] = [{"tau": t, "spec_tpot_ms": spec["wall_per_step_ms"] / t,
+                         "speedup_over_ar": t * ar["mean_tpot_ms"] / spec["wall_per_step_ms"]}
+                        for t in args.project_tau]
+    print(f"  {name}: decode {out['t_decode_ms']:.3f} ms, round {out['t_round_ms']:.3f} ms "
+          f"(draft {out['t_draft_ms']:.3f}, verify {out['t_verify_ms']:.3f}), "
+          f"{out['kernels_per_round'] or 0:.0f} kernels/round, idle {100 * (out['gpu_idle_fraction'] or 0):.1f}%",
+          flush=True)
+    return out
+
+
+def table(shape: str, res: dict) -> str:
+    floor, peer = res["floor_ms"], res.get("peer_tpot_ms")
+    rows = [f"### {shape}: floor {floor:.3f} ms ({res['step_gb']:.2f} GB at {res['copy_gbps']:.0f} GB/s)"
+            + (f", transformers static-cache peer {peer:.3f} ms" if peer else ""), "",
+            "| variant | decode | round | draft | verify | round/decode | decode/floor | decode/peer | kernels/round "
+            "| idle | AR TPOT (requests) |", "|" + "---|" * 11]
+    for name, v in res["variants"].items():
+        rows.append(f"| {name} | {v['t_decode_ms']:.3f} | {v['t_round_ms']:.3f} | {v['t_draft_ms']:.3f} "
+                    f"| {v['t_verify_ms']:.3f} | {v['t_round_ms'] / v['t_decode_ms']:.2f} "
+                    f"| {v['t_decode_ms'] / floor:.2f} | {v['t_decode_ms'] / peer if peer else float('nan'):.2f} "
+                    f"| {v['kernels_per_round'] or 0:.0f} | {100 * (v['gpu_idle_fraction'] or 0):.1f}% "
+                    f"| {v['ar']['mean_tpot_ms']:.3f} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="+", default=["llama-8b", "smollm2"])
+    ap.add_argument("--variants", nargs="+", default=["hf-compiled", "native", "native-fp8"])
+    ap.add_argument("--draft-layers", type=int, default=4)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=300)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--requests", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--project-tau", type=float, nargs="*", default=[])
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    for name in args.variants:
+        variant_config(name, 1)
+    bandwidth = copy_bandwidth()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args), "shapes": {}}
+    for shape in args.shapes:
+        print(f"[{shape}]", flush=True)
+        target = random_target(shape)
+        draft = untrained_draft(target, args.draft_layers, args.block_size)
+        prompts = synthetic_prompts(target.info.vocab_size, args.requests, args.prompt_len, 0,
+                                    {draft.arch.mask_token_id})
+        nbytes = step_bytes(target)
+        res = {"step_gb": nbytes / 1e9, "copy_gbps": bandwidth, "floor_ms": 1000 * nbytes / (bandwidth * 1e9),
+               "variants": {}}
+        if not args.no_peer:
+            res["peer_tpot_ms"] = peer_tpot_ms(target, prompts[0], args.new_tokens)
+            print(f"  transformers static cache: {res['peer_tpot_ms']:.3f} ms/token", flush=True)
+        for name in args.variants:
+            res["variants"][name] = engine_costs(target, draft, name, prompts, args)
+            Path(args.out).write_text(json.dumps(report | {"shapes": report["shapes"] | {shape: res}}, indent=1))
+        report["shapes"][shape] = res
+        print(table(shape, res), flush=True)
+        del target, draft
+        torch.cuda.empty_cache()
+    Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Which targets the native decoder serves, decided from the config alone (no weights read).
+
+The native decoder (target/native/decoder.py) re-implements one layer family: pre-norm
+RMSNorm blocks with rotary attention (grouped K/V, optional q/k biases, optional per-head q/k
+RMSNorm) and a SwiGLU MLP. Llama, Mistral, Qwen2 and Qwen3 (and the models that reuse their
+classes, SmolLM2 among them) are that family. Anything else keeps the transformers forward,
+which the engine then uses unchanged: `native_reason` says why, in one line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from splitserve.target.arch import text_config
+
+# model_type -> whether its attention has the per-head q/k RMSNorm (Qwen3)
+FAMILY = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
+# rope types whose frequencies and scaling do not depend on the sequence length, so one table
+# computed at load time is the one transformers would use at every position
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+
+
+def rope_type(tc: Any) -> str:
+    params = getattr(tc, "rope_parameters", None) or getattr(tc, "rope_scaling", None) or {}
+    return str(params.get("rope_type", params.get("type", "default")))
+
+
+def native_reason(config: Any) -> str | None:
+    """None when the native decoder reproduces this target's forward, else why not."""
+    tc = text_config(config)
+    kind = getattr(tc, "model_type", "")
+    if kind not in FAMILY:
+        return f"model_type {kind!r} is not one of the native family ({', '.join(FAMILY)})"
+    if getattr(tc, "hidden_act", "silu") != "silu":
+        return f"hidden_act {tc.hidden_act!r} (the native MLP is SwiGLU)"
+    if getattr(tc, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1 splits the projections differently"
+    if getattr(tc, "mlp_bias", False):
+        return "mlp_bias (the native MLP has no biases)"
+    if rope_type(tc) not in STATIC_ROPE:
+        return f"rope type {rope_type(tc)!r} changes with the sequence length"
+    return None
