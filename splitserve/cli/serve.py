@@ -33,6 +33,11 @@ def _models_args(f: Flags) -> None:
     f.add(EngineConfig, "markov_topk", "--markov-topk", type=int,
           help="greedy rounds: run the Markov stage over each position's K best backbone candidates "
                "(output unchanged, τ may drop); 0: the exact stage over the whole vocab")
+    f.add(EngineConfig, "decoder", "--decoder", choices=["auto", "native", "hf"],
+          help="the target forward of the engine: native (Llama/Mistral/Qwen2/Qwen3: fused kernels) | hf "
+               "(transformers) | auto (native where it serves the target)")
+    f.add(EngineConfig, "weight_format", "--weight-format", choices=["model", "fp8"],
+          help="fp8: weight-only FP8 target products (native decoder; faster, NOT lossless against the model)")
 
 
 def serve_parser() -> tuple[argparse.ArgumentParser, Flags]:

@@ -58,6 +58,7 @@ def run_server(models: ModelsConfig, engine_cfg: EngineConfig, server_cfg: Serve
     e = server.engine
     print(f"splitserve: serving '{server.model_name}' on {server.url}/v1 (target {e.target.info.name}, "
           f"γ={e.gamma}, context {e.max_context}, device {e.device}, "
+          f"decoder {getattr(e.target, 'decoder_label', 'transformers')}, "
           f"CUDA graphs {'on' if e.graphs.enabled else 'off'}"
           f"{', API key required' if server_cfg.api_key else ''})", flush=True)
     try:

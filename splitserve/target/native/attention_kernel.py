@@ -101,7 +101,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_ptr,
-                      T, window, sliding, tiles_per_split, qk_scale, rows_pad,
+                      T, window, sliding, tiles_per_split, qk_scale: tl.constexpr, rows_pad,
                       sqt, sqh, sqd, skh, skl, skd, svh, svl, svd, sot, soh,
                       G: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_KV: tl.constexpr,
                       HAS_SW: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr):

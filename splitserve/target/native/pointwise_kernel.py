@@ -57,8 +57,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 if HAS_TRITON:
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, D, eps, HAS_RESIDUAL: tl.constexpr,
-                             BLOCK: tl.constexpr):
+    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, D, eps: tl.constexpr,
+                             HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
         # One program per token row: the whole row fits one block (D <= 16K here).
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
@@ -78,8 +78,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _rope_and_write_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                               pos_ptr, eps, stride_cache_h, stride_cache_l, Hq: tl.constexpr, Hkv: tl.constexpr,
-                               HD: tl.constexpr, HAS_NORM: tl.constexpr):
+                               pos_ptr, eps: tl.constexpr, stride_cache_h, stride_cache_l, Hq: tl.constexpr,
+                               Hkv: tl.constexpr, HD: tl.constexpr, HAS_NORM: tl.constexpr):
         # Program (t, h): head h < Hq is query head h; else key/value head h - Hq, written to the cache.
         t, h = tl.program_id(0), tl.program_id(1)
         HALF: tl.constexpr = HD // 2

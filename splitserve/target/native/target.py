@@ -47,6 +47,11 @@ class NativeTarget:
             triton_linear=triton_linear,
         )
 
+    @property
+    def decoder_label(self) -> str:
+        """What a server's start line says of its target forward."""
+        return "native" if self.weight_format == "model" else f"native, {self.weight_format} weights (not lossless)"
+
     # ---- TargetWeights and the transformers paths: the wrapped target's own -------------
 
     @property
@@ -91,6 +96,10 @@ class NativeTarget:
     def new_static_cache(self, max_len: int) -> NativeKVCache:
         return self.native.new_cache(max_len)
 
+    # torch.compile of the engine's steps (EngineConfig.compile_backend) stops at this call: the
+    # native forward is already a few hand-fused kernels per layer, and tracing its 30+ layers
+    # would cost minutes of compilation for nothing. The CUDA graph holds both sides of the break.
+    @torch.compiler.disable
     @torch.no_grad()
     def forward_static(self, input_ids: torch.Tensor, cache: NativeKVCache, positions: torch.Tensor,
                        logits_from: int = 0, window: int | None = None) -> tuple[torch.Tensor, Capture]:
