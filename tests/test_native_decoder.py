@@ -144,3 +144,20 @@ def test_targets_outside_the_family_keep_transformers():
     assert native_target(hf) is hf
     with pytest.raises(ValueError, match="native decoder does not serve this target: model_type 'gemma2'"):
         native_target(hf, decoder="native")
+
+
+def test_quantised_or_wrapped_projections_keep_transformers():
+    """A projection that is not a plain nn.Linear of the model's dtype (a quantised layer, an
+    adapter) is never packed: auto keeps the transformers forward, native names the module."""
+    from torch import nn
+
+    hf = _target("llama")
+
+    class Adapter(nn.Linear):
+        pass
+
+    old = hf.decoder.layers[2].mlp.up_proj
+    hf.decoder.layers[2].mlp.up_proj = Adapter(old.in_features, old.out_features, bias=False)
+    assert native_target(hf) is hf
+    with pytest.raises(ValueError, match="layer 2 mlp.up_proj is Adapter, not a plain nn.Linear"):
+        native_target(hf, decoder="native")

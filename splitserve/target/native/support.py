@@ -40,3 +40,22 @@ def native_reason(config: Any) -> str | None:
     if rope_type(tc) not in STATIC_ROPE:
         return f"rope type {rope_type(tc)!r} changes with the sequence length"
     return None
+
+
+PROJECTIONS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+
+
+def modules_reason(layers: Any, dtype: Any) -> str | None:
+    """None when every projection of every layer is a plain nn.Linear holding `dtype` weights;
+    else why not (a quantised or adapter-wrapped model: packing its weights would be wrong)."""
+    from torch import nn
+
+    for i, layer in enumerate(layers):
+        for block, names in PROJECTIONS.items():
+            for name in names:
+                mod = getattr(getattr(layer, block, None), name, None)
+                if type(mod) is not nn.Linear:
+                    return f"layer {i} {block}.{name} is {type(mod).__name__}, not a plain nn.Linear"
+                if mod.weight.dtype != dtype:
+                    return f"layer {i} {block}.{name} holds {mod.weight.dtype} weights in a {dtype} model"
+    return None

@@ -17,7 +17,7 @@ from splitserve.records import Capture
 from splitserve.target.arch import text_config
 from splitserve.target.hf import HFTarget, decoder_layers
 from splitserve.target.native.decoder import NativeDecoder, NativeKVCache
-from splitserve.target.native.support import native_reason
+from splitserve.target.native.support import modules_reason, native_reason
 from splitserve.target.native.weights import pack_layers
 
 
@@ -25,7 +25,7 @@ class NativeTarget:
     """Implements `CaptureTarget` and `DecodingTarget` (target/backend.py)."""
 
     def __init__(self, hf: HFTarget, weight_format: str = "model", triton_linear: bool = False):
-        reason = native_reason(hf.config)
+        reason = target_reason(hf)
         if reason is not None:
             raise ValueError(f"{hf.info.name}: the native decoder does not serve this target: {reason}")
         self.hf = hf
@@ -112,6 +112,14 @@ class NativeTarget:
         return logits, Capture(aux=aux[None], final=None)
 
 
+def target_reason(hf: HFTarget) -> str | None:
+    """Why the native decoder cannot serve this transformers target (None: it can)."""
+    reason = native_reason(hf.config)
+    if reason is None:
+        reason = modules_reason(decoder_layers(hf.decoder, hf.info.num_layers, hf.info.name), hf.dtype)
+    return reason
+
+
 def native_target(target: Any, decoder: str = "auto", weight_format: str = "model",
                   triton_linear: bool = False) -> Any:
     """The target to serve with: NativeTarget when `decoder` is native, or auto and the target is
@@ -127,7 +135,7 @@ def native_target(target: Any, decoder: str = "auto", weight_format: str = "mode
         if decoder == "native":
             raise ValueError(f"the native decoder wraps a transformers target, not {type(target).__name__}")
         return target
-    reason = native_reason(target.config)
+    reason = target_reason(target)
     if reason is not None:
         if decoder == "native" or weight_format != "model":
             raise ValueError(f"{target.info.name}: the native decoder does not serve this target: {reason}")
