@@ -42,6 +42,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.integration)
 
 
+@pytest.fixture
+def triton_numpy_fix(monkeypatch):
+    """triton <= 3.6's interpreter makes a scalar argument used as a loop bound (range(steps)) an
+    int with int(one-element array), which NumPy 2.4 refuses ("only 0-dimensional arrays can be
+    converted to Python scalars"); this applies the upstream fix (triton-lang/triton#9171, in 3.7).
+    Kernel test modules opt in (tests/triton_cpu.py); nothing to do on CUDA."""
+    if torch.cuda.is_available():
+        return
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    if not hasattr(interpreter, "_patch_lang_tensor"):
+        return
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models: on a shared CPU, intra-op thread hand-offs cost more than the work itself.

@@ -8,43 +8,15 @@ installed (the reference tests need no triton, but share the file's skip to keep
 
 import pytest
 import torch
+from triton_cpu import kernel_module
 
-from splitserve.accel import HAS_TRITON
 from splitserve.target.native import attention as ref
 
-if not HAS_TRITON:
-    pytest.skip("triton is not installed (pip install triton: its interpreter runs these kernels on a CPU)",
-                allow_module_level=True)
+kernels, DEV = kernel_module("splitserve.target.native.attention_kernel", "_split_kernel")
 
-from splitserve.target.native import attention_kernel as kernels  # noqa: E402
-
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-if DEV.type == "cpu":
-    from triton.runtime import interpreter
-
-    # tests/conftest.py sets TRITON_INTERPRET=1 on machines without CUDA before anything imports
-    # triton: the kernels (and triton.language's own jit helpers such as tl.argmax) are decorated
-    # at import, so the switch cannot be thrown later.
-    if not isinstance(kernels._split_kernel, interpreter.InterpretedFunction):
-        pytest.skip("no CUDA and triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
-
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "triton_numpy_fix")
 
 
-@pytest.fixture(autouse=True)
-def numpy_2_4_scalar_index(monkeypatch):
-    """triton <= 3.6's interpreter makes a scalar argument used as a loop bound (range(steps)) an
-    int with int(one-element array), which NumPy 2.4 refuses ("only 0-dimensional arrays can be
-    converted to Python scalars"); this applies the upstream fix (triton-lang/triton#9171, in 3.7)."""
-    if DEV.type == "cuda" or not hasattr(interpreter, "_patch_lang_tensor"):
-        return
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
 
 
 HUGE = 1e4  # in slots no query may read: any leak shows as an error of this size

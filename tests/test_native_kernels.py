@@ -6,37 +6,14 @@ shows far above the tolerance."""
 import pytest
 import torch
 from floats import assert_float32_close
+from triton_cpu import kernel_module
 
-from splitserve.accel import HAS_TRITON
 from splitserve.target.native import pointwise as ref
 
-if not HAS_TRITON:
-    pytest.skip("triton is not installed (pip install triton: its interpreter runs these kernels on a CPU)",
-                allow_module_level=True)
-
-from splitserve.target.native import pointwise_kernel as kern  # noqa: E402
-
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-if DEV.type == "cpu":
-    from triton.runtime import interpreter
-
-    if not isinstance(kern._add_rms_norm_kernel, interpreter.InterpretedFunction):
-        pytest.skip("no CUDA and triton was imported without TRITON_INTERPRET=1", allow_module_level=True)
+kern, DEV = kernel_module("splitserve.target.native.pointwise_kernel", "_add_rms_norm_kernel")
+pytestmark = pytest.mark.usefixtures("triton_numpy_fix")
 
 
-@pytest.fixture(autouse=True)
-def numpy_2_4_scalar_index(monkeypatch):
-    """The triton <= 3.6 interpreter's int(one-element array) that NumPy 2.4 refuses; the upstream
-    fix (triton-lang/triton#9171) applied as in tests/test_kernel_verify.py."""
-    if DEV.type == "cuda" or not hasattr(interpreter, "_patch_lang_tensor"):
-        return
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
-
-    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
 
 
 def _randn(*shape, seed=0):

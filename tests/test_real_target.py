@@ -1,7 +1,8 @@
 """The real embedded target (SmolLM2-135M-Instruct) on real held-out chitchat prompts.
 
 A briefly trained draft (so rounds accept some tokens and reject others) must reproduce the
-target's greedy output token for token on 20 prompts.
+target's greedy output token for token on 20 prompts, through the reference loop and through the
+serving engine (whose target forward is the native decoder).
 """
 
 import pytest
@@ -15,6 +16,7 @@ from splitserve.models.build import build_draft, resolve_arch
 from splitserve.stream.sources import TargetSource
 from splitserve.target.eos import eos_ids
 from splitserve.target.hf import load_hf_target
+from splitserve.target.native.target import NativeTarget, native_target
 from splitserve.train.step import collate, draft_loss
 
 
@@ -43,3 +45,9 @@ def test_greedy_exact_on_20_real_prompts(smollm2):
     assert report.num_prompts == 20
     bad = [i for i, r in enumerate(report.results) if not r.exact]
     assert report.exact_matches == 20, f"prompts {bad} diverged from target greedy"
+    # The serving engine on the same prompts: its static steps run the native decoder
+    # (target/native/), the target's own greedy output is transformers' `generate`.
+    assert isinstance(native_target(target), NativeTarget)
+    served = evaluate(target, draft, prompts, max_new_tokens=24, eos_ids=eos_ids(target), engine=True)
+    bad = [i for i, r in enumerate(served.results) if not r.exact]
+    assert served.exact_matches == 20, f"prompts {bad} diverged from target greedy through the engine"
