@@ -4,5 +4,6 @@ support.py decides from the config which targets it serves; weights.py packs the
 (q|k|v and gate|up in one product each; optional weight-only FP8); decoder.py is the forward;
 target.py wraps a transformers target with it. Kernels sit beside their PyTorch references:
 linear.py / linear_kernel.py (the weight product), attention.py / attention_kernel.py
-(attention over the cache for a few queries), norm.py (the residual add and RMSNorm).
+(attention over the cache for a few queries), pointwise.py / pointwise_kernel.py (the residual add
+with RMSNorm, RoPE with the cache write, SiLU-mul).
 """

@@ -16,10 +16,11 @@ organised for a step that reads every weight once:
     h, r = add_rms_norm(x, r, norm)                        h: the decoder's output
 
 The residual stream after layer i is r as the next add produces it, so the captured layers
-(the draft's KV injection) cost no extra pass. Each step is plain tensor code with fixed shapes,
-so it is captured by a CUDA graph and fused further by torch.compile; the two products that
-need their own kernels (attention over the cache, the FP8 weight product) dispatch to Triton on
-a GPU and to their PyTorch references elsewhere.
+(the draft's KV injection) cost no extra pass. A layer is nine or ten launches: two norms, four
+products, RoPE with the cache write, attention (and its merge of splits), SiLU-mul. Each step has
+fixed shapes, so a CUDA graph holds it whole. The kernels dispatch to Triton on a GPU and to
+their PyTorch references elsewhere (pointwise*.py, attention*.py, linear*.py); the bf16 products
+are cuBLAS's unless `triton_linear` asks for the Triton one, which FP8 weights always use.
 Glossary: T new tokens, D hidden, Hq/Hkv heads, hd head dim, F FFN size, L cache slots,
 W attention window, m captured layers.
 """
