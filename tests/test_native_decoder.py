@@ -91,11 +91,14 @@ def test_packed_weights_are_the_models_own():
     native = native_target(hf)
     attn = hf.decoder.layers[1].self_attn
     packed = native.native.layers[1].qkv
+    packed_ln1 = native.native.layers[1].ln1
     assert attn.q_proj.weight.data_ptr() == packed.w.data_ptr()
     assert attn.k_proj.weight.data_ptr() == packed.w[attn.q_proj.weight.shape[0]:].data_ptr()
     assert attn.v_proj.bias.data_ptr() == packed.bias[-attn.v_proj.bias.shape[0]:].data_ptr()
     assert_float32_close(hf.model(ids).logits, before)
     assert native_target(hf) is native  # packed once per target
+    fp8 = native_target(hf, weight_format="fp8")  # quantised from the same packing, not a second one
+    assert fp8.native.layers[1].ln1 is packed_ln1 and attn.q_proj.weight.data_ptr() == packed.w.data_ptr()
 
 
 @pytest.mark.parametrize("family", ["qwen3", "mistral-window"])

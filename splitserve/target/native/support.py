@@ -13,8 +13,8 @@ from typing import Any
 
 from splitserve.target.arch import text_config
 
-# model_type -> whether its attention has the per-head q/k RMSNorm (Qwen3)
-FAMILY = {"llama": False, "mistral": False, "qwen2": False, "qwen3": True}
+# the model types of the family (Qwen3's per-head q/k RMSNorm is read from its modules)
+FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 # rope types whose frequencies and scaling do not depend on the sequence length, so one table
 # computed at load time is the one transformers would use at every position
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")

@@ -18,7 +18,7 @@ from splitserve.target.arch import text_config
 from splitserve.target.hf import HFTarget, decoder_layers
 from splitserve.target.native.decoder import NativeDecoder, NativeKVCache
 from splitserve.target.native.support import modules_reason, native_reason
-from splitserve.target.native.weights import pack_layers
+from splitserve.target.native.weights import Layer, in_format, pack_layers
 
 
 class NativeTarget:
@@ -34,11 +34,10 @@ class NativeTarget:
         self.weight_format = weight_format
         tc = text_config(hf.config)
         decoder = hf.decoder
-        layers = decoder_layers(decoder, hf.info.num_layers, hf.info.name)
-        attn = layers[0].self_attn
+        attn = decoder_layers(decoder, hf.info.num_layers, hf.info.name)[0].self_attn
         num_heads = int(tc.num_attention_heads)
         self.native = NativeDecoder(
-            pack_layers(layers, hf.layout.windows, weight_format),
+            in_format(_packed(hf), weight_format),
             embed=decoder.embed_tokens.weight.detach(), final_norm=decoder.norm.weight.detach(),
             rotary=decoder.rotary_emb, num_heads=num_heads,
             num_kv_heads=int(getattr(tc, "num_key_value_heads", None) or num_heads),
@@ -120,6 +119,14 @@ def target_reason(hf: HFTarget) -> str | None:
     return reason
 
 
+def _packed(hf: HFTarget) -> list[Layer]:
+    """The target's packed layers in its own dtype: packed once, however many formats and engines
+    are built on it (packing re-points the modules, so a second packing would be a second copy)."""
+    if hf not in _PACKED:
+        _PACKED[hf] = pack_layers(decoder_layers(hf.decoder, hf.info.num_layers, hf.info.name), hf.layout.windows)
+    return _PACKED[hf]
+
+
 def native_target(target: Any, decoder: str = "auto", weight_format: str = "model",
                   triton_linear: bool = False) -> Any:
     """The target to serve with: NativeTarget when `decoder` is native, or auto and the target is
@@ -135,16 +142,14 @@ def native_target(target: Any, decoder: str = "auto", weight_format: str = "mode
         if decoder == "native":
             raise ValueError(f"the native decoder wraps a transformers target, not {type(target).__name__}")
         return target
-    reason = target_reason(target)
-    if reason is not None:
-        if decoder == "native" or weight_format != "model":
-            raise ValueError(f"{target.info.name}: the native decoder does not serve this target: {reason}")
-        return target
+    if decoder == "auto" and weight_format == "model" and target_reason(target) is not None:
+        return target  # auto falls back; asked for explicitly, NativeTarget refuses with the reason
     key = (weight_format, triton_linear)
     built = _BUILT.setdefault(target, {})
-    if key not in built:  # packing (and quantising) once per target, however many engines it serves
+    if key not in built:  # one NativeTarget per target and settings, however many engines it serves
         built[key] = NativeTarget(target, weight_format, triton_linear)
     return built[key]
 
 
+_PACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

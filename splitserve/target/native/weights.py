@@ -15,7 +15,7 @@ Glossary: D hidden, Hq/Hkv query/key-value heads, hd head dim, F intermediate (F
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -66,34 +66,46 @@ def _pack(modules: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None, weight_format: str) -> Linear:
-    if weight_format == "fp8":
-        w8, scale = quantize_fp8(weight)
-        return Linear(w8, scale, bias)
-    return Linear(weight, None, bias)
-
-
 def _plain(m: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return m.weight.detach(), None if m.bias is None else m.bias.detach()
 
 
-def pack_layers(layers: nn.ModuleList, windows: tuple[int | None, ...], weight_format: str = "model") -> list[Layer]:
-    """transformers decoder layers (Llama/Mistral/Qwen2/Qwen3 modules) -> packed Layers."""
-    if weight_format not in WEIGHT_FORMATS:
-        raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
+def _model(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    return Linear(weight, None, bias)
+
+
+def pack_layers(layers: nn.ModuleList, windows: tuple[int | None, ...]) -> list[Layer]:
+    """transformers decoder layers (Llama/Mistral/Qwen2/Qwen3 modules) -> packed Layers in the
+    model's own dtype. Re-points the modules at the packed storage, so do it once per model."""
     out = []
     for layer, window in zip(layers, windows):
         attn, mlp = layer.self_attn, layer.mlp
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         out.append(Layer(
             ln1=layer.input_layernorm.weight.detach(),
-            qkv=_linear(*_pack([attn.q_proj, attn.k_proj, attn.v_proj]), weight_format),
+            qkv=_model(*_pack([attn.q_proj, attn.k_proj, attn.v_proj])),
             q_norm=None if q_norm is None else q_norm.weight.detach(),
             k_norm=None if k_norm is None else k_norm.weight.detach(),
-            o=_linear(*_plain(attn.o_proj), weight_format),
+            o=_model(*_plain(attn.o_proj)),
             ln2=layer.post_attention_layernorm.weight.detach(),
-            gate_up=_linear(*_pack([mlp.gate_proj, mlp.up_proj]), weight_format),
-            down=_linear(*_plain(mlp.down_proj), weight_format),
+            gate_up=_model(*_pack([mlp.gate_proj, mlp.up_proj])),
+            down=_model(*_plain(mlp.down_proj)),
             sliding_window=window,
         ))
     return out
+
+
+def _fp8(lin: Linear) -> Linear:
+    w8, scale = quantize_fp8(lin.w)
+    return Linear(w8, scale, lin.bias)
+
+
+def in_format(layers: list[Layer], weight_format: str) -> list[Layer]:
+    """Packed layers with their four products in `weight_format`: the layers themselves for
+    "model", new FP8 copies of the products (norms shared) for "fp8"."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
+    if weight_format == "model":
+        return layers
+    return [replace(layer, qkv=_fp8(layer.qkv), o=_fp8(layer.o), gate_up=_fp8(layer.gate_up),
+                    down=_fp8(layer.down)) for layer in layers]
