@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from splitserve.accel import HAS_TRITON, triton_usable
+from splitserve.accel import HAS_TRITON, triton_op, triton_usable, wrap_triton
 from splitserve.target.native import attention as reference
 
 if HAS_TRITON:
@@ -211,13 +211,4 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, posit
     return out
 
 
-if HAS_TRITON and hasattr(torch.library, "triton_op"):  # torch >= 2.6
-    from torch.library import wrap_triton
-
-    _op = torch.library.triton_op("splitserve::decode_attention", _launch, mutates_args=())
-else:
-
-    def wrap_triton(kernel):  # older torch: launch directly (eager and CUDA graphs still work)
-        return kernel
-
-    _op = _launch
+_op = triton_op("decode_attention")(_launch) if HAS_TRITON else _launch

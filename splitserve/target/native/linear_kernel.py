@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from splitserve.accel import HAS_TRITON, triton_usable
+from splitserve.accel import HAS_TRITON, triton_op, triton_usable, wrap_triton
 from splitserve.target.native import linear as reference
 from splitserve.target.native.linear import FP8, check_args
 
@@ -165,10 +165,8 @@ if HAS_TRITON:
         _epilogue(acc, offs_t, offs_n, T, N, scale_ptr, bias_ptr, out_ptr, HAS_SCALE, HAS_BIAS)
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
-            wrap) -> torch.Tensor:
-    # x (T, K), w (N, K) -> out (T, N). `wrap` is torch.library.wrap_triton inside the custom op
-    # (so torch.compile sees the launch), or the identity.
+def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    # x (T, K), w (N, K) -> out (T, N): the body of the custom op splitserve::weight_linear
     x = x if x.stride(-1) == 1 else x.contiguous()
     w = w.contiguous()
     t, k = x.shape
@@ -188,31 +186,18 @@ def _launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, bias: 
     common = dict(BLOCK_T=cfg.block_t, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot,
                   DOT_PRECISION=precision, num_warps=4)
     if cfg.split_k == 1:
-        wrap(_linear_kernel)[(n_tiles, 1)](x, w, scale_arg, bias_arg, out, t, n, k, x.stride(0), w.stride(0),
+        wrap_triton(_linear_kernel)[(n_tiles, 1)](x, w, scale_arg, bias_arg, out, t, n, k, x.stride(0), w.stride(0),
                                            cfg.k_per_split, PARTIAL=False, **flags, **common)
         return out
     part = torch.empty(cfg.split_k, t, n, dtype=torch.float32, device=x.device)  # (split, T, N)
-    wrap(_linear_kernel)[(n_tiles, cfg.split_k)](x, w, scale_arg, bias_arg, part, t, n, k, x.stride(0),
+    wrap_triton(_linear_kernel)[(n_tiles, cfg.split_k)](x, w, scale_arg, bias_arg, part, t, n, k, x.stride(0),
                                                  w.stride(0), cfg.k_per_split, PARTIAL=True, **flags, **common)
-    wrap(_reduce_kernel)[(n_tiles,)](part, scale_arg, bias_arg, out, t, n, cfg.split_k,
+    wrap_triton(_reduce_kernel)[(n_tiles,)](part, scale_arg, bias_arg, out, t, n, cfg.split_k,
                                      BLOCK_T=cfg.block_t, BLOCK_N=cfg.block_n, **flags)
     return out
 
 
-if HAS_TRITON and hasattr(torch.library, "triton_op"):
-
-    @torch.library.triton_op("splitserve::weight_linear", mutates_args=())
-    def _weight_linear_op(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
-                          bias: torch.Tensor | None) -> torch.Tensor:
-        return _launch(x, w, scale, bias, torch.library.wrap_triton)
-
-    def _run(x, w, scale, bias):
-        return torch.ops.splitserve.weight_linear(x, w, scale, bias)
-
-else:
-
-    def _run(x, w, scale, bias):
-        return _launch(x, w, scale, bias, lambda kernel: kernel)
+_run = triton_op("weight_linear")(_launch) if HAS_TRITON else _launch
 
 
 def linear_triton(

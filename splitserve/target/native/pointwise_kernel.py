@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from splitserve.accel import HAS_TRITON, triton_usable
+from splitserve.accel import HAS_TRITON, triton_op, triton_usable, wrap_triton
 from splitserve.target.native import pointwise as reference
 
 if HAS_TRITON:
@@ -129,36 +129,24 @@ if HAS_TRITON:
         act = (gf * tl.sigmoid(gf)).to(g.dtype).to(tl.float32)  # transformers rounds SiLU's output
         tl.store(out_ptr + t * F + offs, (act * u).to(g.dtype), mask=keep)
 
-    def _launcher(kernel):
-        wrap = getattr(torch.library, "wrap_triton", None)
-        return wrap(kernel) if wrap is not None else kernel
-
-    def _op(name: str, mutates_args: tuple[str, ...] = ()):
-        """Register fn as a torch.library triton op when this torch has them, so torch.compile
-        traces through the launch; otherwise fn itself."""
-        def register(fn):
-            make = getattr(torch.library, "triton_op", None)
-            return make(f"splitserve::{name}", fn, mutates_args=mutates_args) if make is not None else fn
-        return register
-
     def _norm_launch(x, residual, weight, eps, summed):
         T, D = x.shape
         out = torch.empty((T, D), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
-        _launcher(_add_rms_norm_kernel)[(T,)](x, x if residual is None else residual, weight, out, summed, D, eps,
+        wrap_triton(_add_rms_norm_kernel)[(T,)](x, x if residual is None else residual, weight, out, summed, D, eps,
                                               HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(D))
         return out
 
-    @_op("rms_norm")
+    @triton_op("rms_norm")
     def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return _norm_launch(x, None, weight, eps, x)  # nothing is stored through the sum pointer
 
-    @_op("add_rms_norm")
+    @triton_op("add_rms_norm")
     def _add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         summed = torch.empty_like(x)
         return _norm_launch(x, residual, weight, eps, summed), summed
 
-    @_op("rope_and_write", mutates_args=("k_cache", "v_cache"))
+    @triton_op("rope_and_write", mutates_args=("k_cache", "v_cache"))
     def _rope_and_write_op(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
                            k_norm: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            positions: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -166,17 +154,17 @@ if HAS_TRITON:
         T = qkv.shape[0]
         q = torch.empty((T, num_heads, hd), dtype=qkv.dtype, device=qkv.device)
         norm = q_norm is not None
-        _launcher(_rope_and_write_kernel)[(T, num_heads + Hkv)](
+        wrap_triton(_rope_and_write_kernel)[(T, num_heads + Hkv)](
             qkv, cos, sin, q_norm if norm else qkv, k_norm if norm else qkv, q, k_cache, v_cache, positions, eps,
             k_cache.stride(0), k_cache.stride(1), Hq=num_heads, Hkv=Hkv, HD=hd, HAS_NORM=norm,
         )
         return q
 
-    @_op("silu_mul")
+    @triton_op("silu_mul")
     def _silu_mul_op(gate_up: torch.Tensor) -> torch.Tensor:
         T, two_f = gate_up.shape
         F = two_f // 2
         out = torch.empty((T, F), dtype=gate_up.dtype, device=gate_up.device)
         block = min(1024, triton.next_power_of_2(F))
-        _launcher(_silu_mul_kernel)[(T, triton.cdiv(F, block))](gate_up, out, F, BLOCK=block)
+        wrap_triton(_silu_mul_kernel)[(T, triton.cdiv(F, block))](gate_up, out, F, BLOCK=block)
         return out
