@@ -47,7 +47,7 @@ def variant_config(name: str, max_context: int) -> EngineConfig:
 def step_bytes(target) -> int:
     """Bytes a decode step reads at least: every parameter once, but one row of the input
     embedding (tied embeddings: the lm_head reads the whole matrix anyway)."""
-    model = target.hf.model if hasattr(target, "hf") else target.model
+    model = target.model
     embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     if embed.data_ptr() != head.data_ptr():
@@ -57,7 +57,7 @@ def step_bytes(target) -> int:
 
 def peer_tpot_ms(target, prompt: list[int], new_tokens: int, reps: int = 3) -> float:
     """transformers generate, static cache (compiled by transformers), greedy, EOS ignored."""
-    model = target.hf.model if hasattr(target, "hf") else target.model
+    model = target.model
     ids = torch.tensor([prompt], device=target.device)
     kw = dict(do_sample=False, cache_implementation="static", eos_token_id=None, pad_token_id=0,
               attention_mask=torch.ones_like(ids), temperature=None, top_p=None, top_k=None)
