@@ -14,7 +14,10 @@ Per shape, random bf16 weights of the real shape (a step's time does not depend 
            back to back (round_profile.component_costs); AR TPOT and wall time per round in real
            requests; kernels per round and GPU idle inside the decode window (a profiled request)
 Variants name EngineConfig settings: hf | native, then any of -compiled (torch.compile, inductor),
--fp8 (weight-only FP8, not lossless), -tlin (the Triton weight product for bf16 weights).
+-fp8 (weight-only FP8, not lossless), -cublas (native_products="cublas": cuBLAS products and separate
+elementwise kernels, the native decoder before the fused products), -triton (native_products="triton":
+the verify forward fused too), -nopdl (SPLITSERVE_PDL=0: no
+programmatic dependent launch), -ipdl (TORCHINDUCTOR_ENABLE_PDL=1: inductor's kernels use PDL too).
 The draft is untrained, so nothing is accepted: any TPOT at a τ is a projection,
 τ · (AR TPOT) / (wall time per round), labelled so.
 """
@@ -22,12 +25,15 @@ The draft is untrained, so nothing is accepted: any TPOT at a τ is a projection
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config
 from roles_gpu import copy_bandwidth, random_target, untrained_draft
 from round_profile import component_costs, idle_profile, requests
 
@@ -36,12 +42,39 @@ from splitserve.evaluation.bench import synthetic_prompts
 from splitserve.speculative.engine import Engine, SamplingParams
 
 
+FLAGS = ("compiled", "fp8", "cublas", "triton", "nopdl", "ipdl")
+
+
 def variant_config(name: str, max_context: int) -> EngineConfig:
     base, *flags = name.split("-")
-    if base not in ("hf", "native") or any(f not in ("compiled", "fp8", "tlin") for f in flags):
-        raise SystemExit(f"unknown variant {name!r}: hf|native followed by -compiled, -fp8, -tlin")
+    if base not in ("hf", "native") or any(f not in FLAGS for f in flags):
+        raise SystemExit(f"unknown variant {name!r}: hf|native followed by any of " + ", ".join(f"-{f}" for f in FLAGS))
     return EngineConfig(max_context=max_context, decoder=base, weight_format="fp8" if "fp8" in flags else "model",
-                        triton_linear="tlin" in flags, compile_backend="inductor" if "compiled" in flags else None)
+                        native_products=next((f for f in ("cublas", "triton") if f in flags), "fused"),
+                        compile_backend="inductor" if "compiled" in flags else None)
+
+
+@contextlib.contextmanager
+def variant_env(name: str):
+    """The environment a variant's engine is built, captured and timed in."""
+    flags = name.split("-")[1:]
+    env = {"SPLITSERVE_PDL": "0" if "nopdl" in flags else "1",
+           "TORCHINDUCTOR_ENABLE_PDL": "1" if "ipdl" in flags else "0"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    ipdl = getattr(torch._inductor.config.triton, "enable_pdl", None)
+    if ipdl is not None:
+        torch._inductor.config.triton.enable_pdl = "ipdl" in flags
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if ipdl is not None:
+            torch._inductor.config.triton.enable_pdl = ipdl
 
 
 def step_bytes(target) -> int:
@@ -122,7 +155,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["llama-8b", "smollm2"])
     # hf-compiled last: at the 8B-class shape its compilation alone takes minutes
-    ap.add_argument("--variants", nargs="+", default=["native", "native-compiled", "native-fp8", "hf-compiled"])
+    ap.add_argument("--variants", nargs="+", default=["native-cublas", "native", "native-compiled", "native-fp8"])
     ap.add_argument("--draft-layers", type=int, default=4)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--prompt-len", type=int, default=300)
@@ -150,7 +183,13 @@ def main() -> None:
             res["peer_tpot_ms"] = peer_tpot_ms(target, prompts[0], args.new_tokens)
             print(f"  transformers static cache: {res['peer_tpot_ms']:.3f} ms/token", flush=True)
         for name in args.variants:
-            res["variants"][name] = engine_costs(target, draft, name, prompts, args)
+            with variant_env(name):
+                try:
+                    res["variants"][name] = engine_costs(target, draft, name, prompts, args)
+                except Exception as e:  # keep the other variants' numbers
+                    print(f"  {name}: FAILED {type(e).__name__}: {e}", flush=True)
+                    res.setdefault("failed", {})[name] = f"{type(e).__name__}: {e}"[:1000]
+                    continue
             Path(args.out).write_text(json.dumps(report | {"shapes": report["shapes"] | {shape: res}}, indent=1))
         report["shapes"][shape] = res
         print(table(shape, res), flush=True)

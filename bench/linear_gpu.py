@@ -1,21 +1,29 @@
-"""The weight-only linear on a GPU: cuBLAS bf16 vs the Triton kernel on bf16 and on fp8 weights.
+"""The layer products on a GPU: cuBLAS against the Triton weight product, plain and with its
+neighbours folded in, with and without PDL, and a sweep of block sizes.
 
     PYTHONPATH=. python bench/linear_gpu.py --out linear.json
-    PYTHONPATH=. python bench/linear_gpu.py --models smollm2 --tokens 1 --out smol.json   (quicker)
+    PYTHONPATH=. python bench/linear_gpu.py --models smollm2 --tokens 1 --no-sweep --out smol.json   (quicker)
 
-For each linear of an 8B-class target (hidden 4096, 32/8 heads of 128, FFN 12288, vocab 151936)
+For each product of an 8B-class target (hidden 4096, 32/8 heads of 128, FFN 12288, vocab 151936)
 and of SmolLM2-135M (hidden 576, 9/3 heads of 64, FFN 1536, vocab 49152), at T = 1 (decode) and
-T = 17 (verify of γ = 16): the median time per call and the weight bandwidth it reaches (weight
-bytes / time, and its fraction of the peak). Calls are replayed from a CUDA graph that rotates
-over enough copies of the weight that each replay reads more than 4x the L2 cache, so every call
-reads its weight from HBM, as one decode step reads each weight once. Also the max abs error of
-each Triton variant against its reference (target/native/linear.py), and a check that
-torch.compile(fullgraph=True) traces through the custom op. Needs torch and triton only.
+T = 17 (verify of γ = 16), bf16, the median time per call of:
+  cublas       F.linear alone (what the cublas decoder runs; its norm, SiLU and add are extra kernels)
+  triton       the Triton product alone (linear_kernel.pick_config), PDL off
+  fused        the Triton product with what the fused decoder folds into it (the norm before q|k|v
+               and gate|up, SiLU·up after gate|up, the residual add after o and down), PDL off
+  fused+pdl    the same launched with programmatic dependent launch
+  fp8+pdl      the fused product on FP8 weights (not lossless)
+  best         the fastest block sizes of the sweep, fused+pdl
+Calls are replayed from a CUDA graph of one call per layer, each on its own copy of the weight
+(as a decode step reads each layer's weight once; past L2 for the 8B-class shapes), so PDL
+overlaps a call with the one before it as in the decoder. Every Triton variant is checked
+against the reference (target/native/linear.py) on the same inputs. Needs torch and triton only.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from pathlib import Path
@@ -26,44 +34,48 @@ import torch.nn.functional as F
 from splitserve.target.native import linear as ref
 from splitserve.target.native import linear_kernel as lk
 
-# (N, K) of each linear: out features, in features.
+# (N, K) of each product: weight rows, in features; and what the fused decoder folds into it.
 SHAPES = {
-    "8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
-           "lm_head": (151936, 4096)},
-    "smollm2": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
-                "lm_head": (49152, 576)},
+    "8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)},
+    "smollm2": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)},
 }
-LAYER = ("qkv", "o", "gate_up", "down")  # one decoder layer's linears, summed in the table
-VARIANTS = ("cublas_bf16", "triton_bf16", "triton_fp8")
-L2_BYTES = 60e6
-MIN_CALLS = 20
+LAYERS = {"8b": 36, "smollm2": 30}
+FOLDED = {"qkv": dict(norm=True), "o": dict(add=True), "gate_up": dict(norm=True, silu=True), "down": dict(add=True)}
+# Candidate (block_n, block_k, num_warps) per path, each in every mode; the default pick is timed too.
+SWEEP = {
+    "gemv": [(8, 1024, 4), (4, 2048, 4), (8, 2048, 8), (16, 1024, 8), (8, 1024, 8), (16, 512, 4)],
+    "gemv_silu": [(4, 1024, 4), (2, 2048, 4), (4, 2048, 8), (8, 1024, 8), (4, 1024, 8)],
+    "dot": [(64, 64, 8), (32, 64, 4), (64, 128, 8), (32, 128, 4), (128, 64, 8)],
+    "dot_silu": [(64, 64, 8), (32, 64, 4), (32, 128, 4), (64, 128, 8)],
+    "gemv_fp8": [(8, 2048, 4), (16, 512, 4), (8, 512, 4), (32, 256, 4), (16, 1024, 8)],
+    "gemv_silu_fp8": [(4, 2048, 4), (8, 512, 4), (16, 256, 4), (4, 512, 4), (8, 1024, 8)],
+}
+# (prefetch, num_stages, reduce_each, block_ptr): the next tile held in registers, or the compiler's
+# pipelining (plain or block pointers); at T = 1 the K sum once after the loop or every step
+MODES = {"gemv": [(True, 1, False, False), (True, 1, True, False)],
+         "dot": [(True, 1, False, False), (False, 3, False, False), (False, 3, False, True), (False, 4, False, True)]}
 
 
-def _call(variant: str):
-    if variant == "cublas_bf16":
-        return lambda x, w, s: F.linear(x, w)
-    return lambda x, w, s: lk.linear_triton(x, w, s)
+def make_config(t: int, k: int, block_n: int, block_k: int, warps: int, mode: tuple) -> lk.Config:
+    use_dot = t > 1
+    block_k = min(block_k, lk._pow2(k))
+    prefetch, stages, reduce_each, block_ptr = mode
+    return lk.Config(max(16, lk._pow2(t)) if use_dot else 1, block_n, block_k, 1, -(-k // block_k) * block_k,
+                     use_dot, warps, prefetch, stages, reduce_each, block_ptr)
 
 
-def time_variant(variant: str, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
-                 replays: int) -> tuple[float, int]:
-    """Median µs per call over graph replays, and the weight bytes one call reads."""
-    n, k = w.shape
-    w_bytes = n * k * w.element_size() + (scale.numel() * 4 if scale is not None else 0)
-    copies = max(2, int(-(-4 * L2_BYTES // w_bytes)))
-    ws = [w.clone() for _ in range(copies)]  # (N, K) each: distinct memory, so no call hits L2
-    calls = max(MIN_CALLS, copies)
-    fn = _call(variant)
+def graph_ms_per_call(calls: list, replays: int) -> float:
+    """Median ms per call of a CUDA graph holding `calls` back to back."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile and allocate (Triton JIT, cuBLAS workspace) before capture
-        for i in range(3):
-            fn(x, ws[i % copies], scale)
+    with torch.cuda.stream(side):  # compile and allocate before capture
+        for c in calls[:2]:
+            c()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(x, ws[i % copies], scale)
+        for c in calls:
+            c()
     for _ in range(3):
         graph.replay()
     times = []
@@ -73,73 +85,117 @@ def time_variant(variant: str, x: torch.Tensor, w: torch.Tensor, scale: torch.Te
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph, ws
-    torch.cuda.empty_cache()
-    return statistics.median(times), w_bytes
+        times.append(start.elapsed_time(end) / len(calls))
+    del graph
+    return statistics.median(times)
 
 
-def bench_shape(model: str, layer: str, n: int, k: int, t: int, replays: int, peak_tbps: float) -> list[dict]:
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, generator=g)  # (T, K)
-    w = (torch.randn(n, k, device="cuda", generator=g) * k**-0.5).bfloat16()  # (N, K)
-    w8, scale = ref.quantize_fp8(w)
-    args = {"cublas_bf16": (w, None), "triton_bf16": (w, None), "triton_fp8": (w8, scale)}
-    rows = []
-    for variant in VARIANTS:
-        wv, sv = args[variant]
-        us, w_bytes = time_variant(variant, x, wv, sv, replays)
-        err = None
-        if variant != "cublas_bf16":
-            want = ref.linear(x, wv, sv).float()
-            err = float((lk.linear_triton(x, wv, sv).float() - want).abs().max())
-        gbps = w_bytes / (us * 1e-6) / 1e9
-        cfg = lk.pick_config(t, n, k, wv.element_size())._asdict() if variant != "cublas_bf16" else None
-        rows.append(dict(model=model, layer=layer, N=n, K=k, T=t, variant=variant, us=us, weight_bytes=w_bytes,
-                         gbps=gbps, frac_peak=gbps / (peak_tbps * 1e3), max_abs_err=err, config=cfg))
-    return rows
+class Case:
+    """One product of one model at one T: a weight per layer, its inputs and its reference."""
+
+    def __init__(self, model: str, layer: str, t: int):
+        n, k = SHAPES[model][layer]
+        self.model, self.layer, self.t, self.n, self.k = model, layer, t, n, k
+        self.fold = FOLDED[layer]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        bf = dict(device="cuda", dtype=torch.bfloat16)
+        self.x = torch.randn(t, k, generator=g, device="cuda").to(torch.bfloat16) * 2  # (T, K)
+        base = (torch.randn(n, k, generator=g, device="cuda") * k**-0.5).to(torch.bfloat16)  # (N, K)
+        self.ws = [base.clone() for _ in range(LAYERS[model])]  # distinct memory, one per layer
+        self.w8 = ref.quantize_fp8(base)
+        self.norm = (0.5 + torch.rand(k, generator=g, device="cuda")).to(torch.bfloat16) if self.fold.get("norm") else None
+        n_out = n // 2 if self.fold.get("silu") else n
+        self.res = torch.randn(t, n_out, generator=g, **bf) if self.fold.get("add") else None
+
+    def kw(self) -> dict:
+        return dict(norm_weight=self.norm, eps=1e-5, residual=self.res, silu=bool(self.fold.get("silu")))
+
+    def fused(self, w, scale=None, cfg=None, pdl=False):
+        kw = self.kw()
+        return lambda: lk.launch(self.x, w, scale, None, kw["norm_weight"], kw["residual"], kw["eps"], kw["silu"],
+                                 cfg=cfg, pdl=pdl)
+
+    def time(self, variant: str, cfg: lk.Config | None = None, replays: int = 15) -> float:
+        if variant == "cublas":
+            calls = [lambda w=w: F.linear(self.x, w) for w in self.ws]
+        elif variant == "triton":
+            calls = [lambda w=w: lk.launch(self.x, w, None, None, None, None, 0.0, False, cfg=cfg, pdl=False)
+                     for w in self.ws]
+        elif variant == "fp8+pdl":
+            w8, scale = self.w8
+            copies = [w8.clone() for _ in self.ws]
+            calls = [self.fused(w, scale, cfg, pdl=True) for w in copies]
+        else:
+            calls = [self.fused(w, None, cfg, pdl=variant != "fused") for w in self.ws]
+        return 1e3 * graph_ms_per_call(calls, replays)
+
+    def error(self, cfg: lk.Config | None = None) -> float:
+        """Relative max error of the fused kernel against the reference composition (float64 view)."""
+        got = self.fused(self.ws[0], None, cfg, pdl=True)().double()
+        want = ref.product(self.x, self.ws[0], **self.kw()).double()
+        return float((got - want).abs().max() / want.abs().max())
+
+    def weight_bytes(self) -> int:
+        return self.n * self.k * 2
 
 
-def _cell(r: dict) -> str:
-    return f"{r['us']:.1f} ({r['gbps']:.0f} GB/s, {100 * r['frac_peak']:.0f}%)"
+def sweep_key(t: int, silu: bool) -> str:
+    return ("dot" if t > 1 else "gemv") + ("_silu" if silu else "")
 
 
-def table(rows: list[dict], peak_tbps: float) -> str:
-    head = ["model", "layer", "N x K", "T", *(f"{v} µs (GB/s, % peak)" for v in VARIANTS), "err bf16", "err fp8"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    keys = sorted({(r["model"], r["T"]) for r in rows}, key=lambda m: (list(SHAPES).index(m[0]), m[1]))
-    for model, t in keys:
-        group = [r for r in rows if r["model"] == model and r["T"] == t]
-        for layer in [*SHAPES[model], "layer (qkv+o+gate_up+down)"]:
-            if layer in SHAPES[model]:
-                by = {r["variant"]: r for r in group if r["layer"] == layer}
-                n, k = SHAPES[model][layer]
-                errs = [f"{by['triton_bf16']['max_abs_err']:.2e}", f"{by['triton_fp8']['max_abs_err']:.2e}"]
-                lines.append(f"| {model} | {layer} | {n} x {k} | {t} | "
-                             + " | ".join(_cell(by[v]) for v in VARIANTS) + " | " + " | ".join(errs) + " |")
+def run_case(case: Case, sweep: bool, replays: int, fp8: bool = False) -> dict:
+    silu = bool(case.fold.get("silu"))
+    n_out = case.n // 2 if silu else case.n
+    default = lk.pick_config(case.t, n_out, case.k, 1 if fp8 else 2, silu)
+    swept = "fp8+pdl" if fp8 else "fused+pdl"
+    row = dict(model=case.model, layer=case.layer, T=case.t, N=case.n, K=case.k, default=default._asdict(),
+               weight_mb=case.weight_bytes() / 1e6, err_default=case.error())
+    for v in ("cublas", "triton", "fused", "fused+pdl", "fp8+pdl"):
+        try:
+            row[v] = case.time(v, replays=replays)
+        except Exception as e:  # keep the other numbers
+            row[v] = None
+            row[f"{v}_error"] = f"{type(e).__name__}: {e}"[:300]
+    if sweep:
+        best = (row[swept] or float("inf"), default, "default")
+        tried = []
+        key = sweep_key(case.t, silu)
+        for (bn, bk, warps), mode in itertools.product(SWEEP[key + ("_fp8" if fp8 else "")], MODES[key.split("_")[0]]):
+            cfg = make_config(case.t, case.k, bn, bk, warps, mode)
+            try:
+                us = case.time(swept, cfg, replays)
+                err = case.error(cfg)
+            except Exception as e:
+                tried.append(dict(cfg=cfg._asdict(), error=f"{type(e).__name__}: {e}"[:200]))
                 continue
-            cells = []
-            for v in VARIANTS:
-                part = [r for r in group if r["variant"] == v and r["layer"] in LAYER]
-                us, b = sum(r["us"] for r in part), sum(r["weight_bytes"] for r in part)
-                gbps = b / (us * 1e-6) / 1e9
-                cells.append(f"{us:.1f} ({gbps:.0f} GB/s, {100 * gbps / (peak_tbps * 1e3):.0f}%)")
-            lines.append(f"| {model} | {layer} | | {t} | " + " | ".join(cells) + " | | |")
+            tried.append(dict(cfg=cfg._asdict(), us=us, err=err))
+            if us < best[0] and err < 2e-2:
+                best = (us, cfg, "sweep")
+        row["sweep"] = tried
+        row["best"], row["best_cfg"] = best[0], best[1]._asdict()
+    return row
+
+
+def table(rows: list[dict], tbps: float) -> str:
+    cols = ["cublas", "triton", "fused", "fused+pdl", "fp8+pdl", "best"]
+    lines = ["| model | product | T | MB | " + " | ".join(f"{c} µs" for c in cols) + " | best cfg (n, k, warps, split, mode) "
+             "| fused+pdl % of copy BW | err |", "|" + "---|" * (len(cols) + 7)]
+    for r in rows:
+        cells = [f"{r[c]:.1f}" if r.get(c) else "-" for c in cols]
+        b = r.get("best_cfg") or r["default"]
+        mode = (("pre" if b["prefetch"] else f"st{b['num_stages']}") + ("/red" if b["reduce_each"] else "")
+                + ("/bp" if b.get("block_ptr") else ""))
+        frac = r["weight_mb"] * 1e6 / (r["fused+pdl"] * 1e-6) / (tbps * 1e12) if r.get("fused+pdl") else float("nan")
+        lines.append(f"| {r['model']} | {r['layer']} | {r['T']} | {r['weight_mb']:.1f} | " + " | ".join(cells)
+                     + f" | {b['block_n']}, {b['block_k']}, {b['num_warps']}, {b['split_k']}, {mode} | {100 * frac:.0f}% "
+                     f"| {r['err_default']:.1e} |")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for t in dict.fromkeys(r["T"] for r in rows if r["model"] == model):
+            group = [r for r in rows if r["model"] == model and r["T"] == t]
+            sums = [sum(r[c] or 0 for r in group) if all(r.get(c) for r in group) else None for c in cols]
+            lines.append(f"| {model} | layer (4 products) | {t} | {sum(r['weight_mb'] for r in group):.0f} | "
+                         + " | ".join(f"{s:.1f}" if s else "-" for s in sums) + " | | | |")
     return "\n".join(lines)
-
-
-def compile_check() -> dict:
-    """torch.compile(fullgraph=True) traces through splitserve::weight_linear and matches eager."""
-    x = torch.randn(17, 576, device="cuda", dtype=torch.bfloat16)  # (T, K)
-    w8, scale = ref.quantize_fp8(torch.randn(960, 576, device="cuda") * 576**-0.5)
-    bias = torch.randn(960, device="cuda", dtype=torch.bfloat16)
-    compiled = torch.compile(lambda x: lk.linear(x, w8, scale, bias), fullgraph=True)
-    try:
-        err = max(float((compiled(x[:t]).float() - lk.linear(x[:t], w8, scale, bias).float()).abs().max())
-                  for t in (1, 17))
-    except Exception as e:  # report it with the timings rather than lose them
-        return dict(ok=False, error=f"{type(e).__name__}: {e}"[:500])
-    return dict(ok=err < 1e-2, max_abs_err=err)
 
 
 def main() -> None:
@@ -147,29 +203,31 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 17])
     p.add_argument("--replays", type=int, default=15)
-    p.add_argument("--peak-tbps", type=float, default=4.3, help="HBM bandwidth the fractions are of")
+    p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--sweep-fp8", action="store_true", help="sweep the blocks of the fp8 product (T = 1) instead")
+    p.add_argument("--sweep-models", nargs="*", default=["8b"], help="models whose products get the block sweep")
+    p.add_argument("--copy-tbps", type=float, default=4.26, help="device-to-device copy bandwidth, for the %% column")
     p.add_argument("--out", type=Path, help="write the rows as JSON here")
-    p.add_argument("--no-compile-check", action="store_true", help="skip the torch.compile(fullgraph) check")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("linear_gpu.py: needs a CUDA GPU (the kernel's CPU check is tests/test_kernel_linear.py)")
     rows = []
     for model in args.models:
         for t in args.tokens:
-            for layer, (n, k) in SHAPES[model].items():
-                rows += bench_shape(model, layer, n, k, t, args.replays, args.peak_tbps)
-                print(f"{model} {layer} T={t}: " + ", ".join(f"{r['variant']} {r['us']:.1f} µs" for r in rows[-3:]),
-                      flush=True)
-    print()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, peak {args.peak_tbps} TB/s, "
-          "median µs per call, weights from HBM (CUDA graph over rotated copies)")
-    print(table(rows, args.peak_tbps))
-    compiled = None if args.no_compile_check else compile_check()
-    print(f"torch.compile(fullgraph=True) through the custom op: {compiled}")
-    if args.out:
-        args.out.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                                            peak_tbps=args.peak_tbps, compile_check=compiled, rows=rows), indent=1))
-        print(f"wrote {args.out}")
+            for layer in SHAPES[model]:
+                case = Case(model, layer, t)
+                row = run_case(case, not args.no_sweep and model in args.sweep_models, args.replays, args.sweep_fp8)
+                rows.append(row)
+                print(f"{model} {layer} T={t}: " + ", ".join(
+                    f"{v} {row[v]:.1f}" for v in ("cublas", "triton", "fused", "fused+pdl", "fp8+pdl", "best")
+                    if row.get(v)) + f" µs; err {row['err_default']:.1e}", flush=True)
+                del case
+                torch.cuda.empty_cache()
+                if args.out:
+                    args.out.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                                                        rows=rows), indent=1))
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}: median µs per call, one weight copy per layer")
+    print(table(rows, args.copy_tbps))
 
 
 if __name__ == "__main__":

@@ -199,7 +199,8 @@ def main() -> None:
                     help="EngineConfig.decoder: the target forward of the engine's steps")
     ap.add_argument("--weight-format", default=EngineConfig.weight_format, choices=("model", "fp8"),
                     help="EngineConfig.weight_format (fp8: weight-only FP8, native decoder, not lossless)")
-    ap.add_argument("--triton-linear", action="store_true", help="EngineConfig.triton_linear")
+    ap.add_argument("--native-products", default=EngineConfig.native_products, choices=["fused", "triton", "cublas"],
+                    help="EngineConfig.native_products")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if (args.draft is None) == (args.random_shape is None):
@@ -221,13 +222,13 @@ def main() -> None:
         params = SamplingParams(max_tokens=args.max_tokens, eos_ids=eos_ids(target))
     engine = Engine(target, draft, EngineConfig(max_context=args.max_context, min_window=args.min_window,
                                                 markov_topk=args.markov_topk, decoder=args.decoder,
-                                                weight_format=args.weight_format, triton_linear=args.triton_linear,
+                                                weight_format=args.weight_format, native_products=args.native_products,
                                                 compile_backend="inductor" if args.compile else None))
     on_gpu = engine.device.type == "cuda"
     res = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
            "compile": args.compile, "min_window": args.min_window, "markov_topk": args.markov_topk,
            "decoder": type(engine.target).__name__, "weight_format": args.weight_format,
-           "triton_linear": args.triton_linear,
+           "native_products": args.native_products,
            "gamma": engine.gamma, "max_context": engine.max_context, "draft": args.draft or "untrained",
            "random_shape": args.random_shape, "draft_layers": draft.arch.num_layers, "dtype": str(target.dtype)}
     res.update(component_costs(engine, prompts[0], args.iters))

@@ -33,6 +33,7 @@ def build(arch: str):
     text3 = dict(c, head_dim=16, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"] * 2)
     return {
         "llama": lambda: tf.LlamaConfig(**c),
+        "qwen3": lambda: tf.Qwen3Config(**c, head_dim=16),
         "qwen3-moe": lambda: tf.Qwen3MoeConfig(**c, head_dim=16, num_experts=4, num_experts_per_tok=2,
                                                moe_intermediate_size=64),
         "mistral-window": lambda: tf.MistralConfig(**c, sliding_window=WINDOW),

@@ -4,14 +4,24 @@ Also how a kernel's launcher is registered, so that torch.compile can trace into
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 try:
-    import triton  # noqa: F401
+    import triton
+    import triton.language as tl
 
     HAS_TRITON = True
 except ImportError:  # CPU-only installs
     HAS_TRITON = False
+
+try:  # Triton >= 3.3: grid dependency control, the device side of programmatic dependent launch
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _HAS_GDC = True
+except ImportError:
+    _HAS_GDC = False
 
 
 def triton_usable(t: torch.Tensor) -> bool:
@@ -35,3 +45,33 @@ def triton_op(name: str, mutates_args: tuple[str, ...] = ()):
         return make(f"splitserve::{name}", fn, mutates_args=mutates_args) if make is not None else fn
 
     return register
+
+
+def pdl_usable(t: torch.Tensor) -> bool:
+    """Whether kernels on `t`'s device may use programmatic dependent launch (PDL): a launch that
+    lets the next kernel start its prologue while this one drains, on Hopper (sm_90) and later.
+    The kernels call `griddepcontrol.wait` before touching what earlier kernels wrote, so a kernel
+    launched this way is correct after any other kernel. SPLITSERVE_PDL=0 turns it off."""
+    if not (triton_usable(t) and _HAS_GDC) or os.environ.get("SPLITSERVE_PDL", "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(t.device)[0] >= 9
+
+
+def pdl_args(t: torch.Tensor, on: bool | None = None) -> dict:
+    """A kernel's launch arguments for PDL on `t`'s device: the kernel's USE_PDL switch, and the
+    launch attribute where it is on. on: force it (benchmarks); None: `pdl_usable`."""
+    on = pdl_usable(t) if on is None else on
+    return dict(USE_PDL=True, launch_pdl=True) if on else dict(USE_PDL=False)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def pdl_prologue_done(USE_PDL: tl.constexpr):
+        """In a kernel launched with PDL: let the next kernel launch now (its own prologue overlaps
+        this kernel), then wait until every earlier kernel has finished and its writes are
+        visible. Before this call a kernel may read only what no kernel writes (weights); after
+        it, anything. Every PDL kernel calls it, so "finished" reaches back through the chain."""
+        if USE_PDL:
+            gdc_launch_dependents()
+            gdc_wait()

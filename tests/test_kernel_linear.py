@@ -13,7 +13,7 @@ from triton_cpu import kernel_module
 
 from splitserve.target.native import linear as ref
 
-lk, DEV = kernel_module("splitserve.target.native.linear_kernel", "_linear_kernel")
+lk, DEV = kernel_module("splitserve.target.native.linear_kernel", "_product_kernel")
 pytestmark = pytest.mark.usefixtures("triton_numpy_fix")
 
 
@@ -112,7 +112,7 @@ def test_kernel_matches_reference(t, n, k, fp8, bias):
 @pytest.mark.parametrize("fp8", [False, True])
 def test_split_k_matches_reference(t, fp8):
     """Few N tiles and a long K: the programs split K and a second kernel adds the partial sums."""
-    n, k = 40, 2100
+    n, k = 40, 9000
     x, w, scale, b = _inputs(t, n, k, fp8, bias=True)
     assert lk.pick_config(t, n, k, w.element_size()).split_k > 1
     got = lk.linear_triton(*_on_dev(x, w, scale, b))
@@ -134,8 +134,11 @@ def test_kernel_is_not_the_transposed_or_wrong_axis_product():
             assert_float32_close(got, bad, rtol=1e-2)
 
 
-def test_bf16_activations():
-    x, w8, scale, b = _inputs(3, 100, 72, fp8=True, bias=True)
+@pytest.mark.parametrize("t", [1, 3])
+def test_bf16_activations(t):
+    if t > 1 and DEV.type != "cuda":
+        pytest.skip("Triton 3.6's interpreter gets tl.dot of bf16 tiles wrong (T > 1 takes tl.dot)")
+    x, w8, scale, b = _inputs(t, 100, 72, fp8=True, bias=True)
     x = x.bfloat16()
     want = ref.linear(x, w8, scale, b).float()
     got = lk.linear_triton(x.to(DEV), w8.to(DEV), scale.to(DEV), b.to(DEV))
@@ -166,7 +169,101 @@ def test_custom_op_passes_opcheck():
     test_schema compares inputs before and after with allclose, which has no fp8 kernel."""
     fake = ("test_faketensor", "test_aot_dispatch_dynamic") if DEV.type == "cuda" else ()
     x, w8, scale, b = _on_dev(*_inputs(2, 20, 16, fp8=True, bias=True))
-    op = torch.ops.splitserve.weight_linear
-    torch.library.opcheck(op, (x, torch.randn(20, 16, device=DEV), None, b), test_utils=("test_schema", *fake))
+    op = torch.ops.splitserve.weight_product
+    norm, res = torch.rand(16, device=DEV) + 0.5, torch.randn(2, 10, device=DEV)
+    torch.library.opcheck(op, (x, torch.randn(20, 16, device=DEV), None, b, None, None, 0.0, False),
+                          test_utils=("test_schema", *fake))
+    torch.library.opcheck(op, (x, torch.randn(20, 16, device=DEV), None, None, norm, res, 1e-5, True),
+                          test_utils=("test_schema", *fake))
     if fake:
-        torch.library.opcheck(op, (x, w8, scale, b), test_utils=fake)
+        torch.library.opcheck(op, (x, w8, scale, b, None, None, 0.0, False), test_utils=fake)
+
+
+# the fused products: norm before, SiLU·up and the residual add after
+
+
+def _fused_inputs(t: int, n: int, k: int, fp8: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=g) * 3  # the residual stream: not unit scale, so the norm matters
+    w = torch.randn(n, k, generator=g) / k**0.5
+    scale = None
+    if fp8:
+        w, scale = ref.quantize_fp8(w)
+    norm = 0.5 + torch.rand(k, generator=g)
+    return x, w, scale, norm
+
+
+@pytest.mark.parametrize("t", [1, 5, 17])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("fusion", ["norm", "norm_silu", "add", "all"])
+@pytest.mark.parametrize("split", [False, True])
+def test_fused_product_matches_reference(t, fp8, fusion, split):
+    """Each folded-in piece against the composition of the separate references, with the blocks
+    `pick_config` chooses, and with K split over three programs (the reduce kernel then applies
+    the epilogue)."""
+    n, k = 48, 300
+    x, w, scale, norm = _fused_inputs(t, 2 * n, k, fp8, seed=t + 7 * len(fusion))
+    use_norm, silu, add = fusion in ("norm", "norm_silu", "all"), fusion in ("norm_silu", "all"), fusion in ("add", "all")
+    residual = torch.randn(t, n if silu else 2 * n, generator=torch.Generator().manual_seed(9)) if add else None
+    kw = dict(norm_weight=norm if use_norm else None, eps=1e-5, residual=residual, silu=silu)
+    want = ref.product(x, w, scale, **kw)
+    cfg = None
+    if split:  # 5 K steps of 64 in three splits of 2, 2 and 1
+        cfg = lk.Config(1 if t == 1 else 32, 16, 64, 3, 128, t > 1)
+    dev = dict(norm_weight=norm.to(DEV) if use_norm else None, eps=1e-5,
+               residual=residual.to(DEV) if add else None, silu=silu)
+    got = _interpreted(lk, *_on_dev(x, w, scale), dev, cfg)
+    assert got.shape == want.shape
+    assert_float32_close(got.cpu(), want)
+    if not split and DEV.type == "cuda":  # and through the dispatcher and the registered op
+        assert_float32_close(lk.product(*_on_dev(x, w, scale), **dev).cpu(), want)
+
+
+def _interpreted(lk, x, w, scale, kw, cfg=None):
+    """The kernel itself, on any device (on CPU tensors the dispatcher would take the reference)."""
+    ref.check_product(x, w, scale, None, kw["norm_weight"], kw["residual"], kw["silu"])
+    return lk.launch(x, w, scale, None, kw["norm_weight"], kw["residual"], kw["eps"], kw["silu"], cfg=cfg)
+
+
+def test_fused_product_pieces_have_teeth():
+    """A norm without its weight, SiLU on the wrong half, or a missing residual each break the
+    tolerance above: the check compares what is folded in, not just the product."""
+    t, n, k = 3, 32, 64
+    x, w, _, norm = _fused_inputs(t, 2 * n, k, False, seed=1)
+    res = torch.randn(t, n)
+    got = _interpreted(lk, x.to(DEV), w.to(DEV), None,
+                       dict(norm_weight=norm.to(DEV), eps=1e-5, residual=res.to(DEV), silu=True)).cpu()
+    assert_float32_close(got, ref.product(x, w, norm_weight=norm, eps=1e-5, residual=res, silu=True))
+    wrong = [
+        ref.product(x, w, norm_weight=torch.ones(k), eps=1e-5, residual=res, silu=True),
+        res + ref.silu_mul(torch.cat(ref.linear(ref.rms_norm(x, norm, 1e-5), w).chunk(2, -1)[::-1], -1)),
+        ref.product(x, w, norm_weight=norm, eps=1e-5, silu=True),
+    ]
+    for bad in wrong:
+        with pytest.raises(AssertionError):
+            assert_float32_close(got, bad, rtol=1e-2)
+
+
+def test_fused_product_refuses_bad_shapes():
+    x, w = torch.randn(2, 16), torch.randn(20, 16)
+    with pytest.raises(ValueError, match="norm_weight must be"):
+        ref.product(x, w, norm_weight=torch.ones(8))
+    with pytest.raises(ValueError, match="residual must be"):
+        ref.product(x, w, residual=torch.randn(2, 20), silu=True)
+    with pytest.raises(ValueError, match="even count"):
+        ref.product(x, torch.randn(21, 16), silu=True)
+
+
+@pytest.mark.parametrize("t, mode", [(1, (True, 1, False, False)), (1, (True, 1, True, False)),
+                                     (1, (False, 3, True, False)), (17, (True, 1, False, False)),
+                                     (17, (False, 3, False, False)), (17, (False, 3, False, True))])
+def test_every_streaming_mode_matches_reference(t, mode):
+    """The ways a program can stream its weights (the next tile held in registers, or the
+    compiler's pipelining; the K sum every step or once) give the same products, over several K
+    steps, with the norm, SiLU and residual folded in."""
+    n, k = 24, 300
+    x, w, _, norm = _fused_inputs(t, 2 * n, k, False, seed=5)
+    res = torch.randn(t, n, generator=torch.Generator().manual_seed(6))
+    cfg = lk.Config(1 if t == 1 else 32, 8, 64, 1, 320, t > 1, 4, *mode)
+    got = lk.launch(x.to(DEV), w.to(DEV), None, None, norm.to(DEV), res.to(DEV), 1e-5, True, cfg=cfg, pdl=False)
+    assert_float32_close(got.cpu(), ref.product(x, w, norm_weight=norm, eps=1e-5, residual=res, silu=True))

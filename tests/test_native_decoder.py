@@ -58,7 +58,8 @@ def _target(family: str, seed: int = 0) -> HFTarget:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_native_forward_equals_transformers(family):
+@pytest.mark.parametrize("products", ["triton", "cublas"])
+def test_native_forward_equals_transformers(family, products):
     hf = _target(family)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, VOCAB, (1, 14), generator=g)
@@ -68,8 +69,8 @@ def test_native_forward_equals_transformers(family):
     want.append(hf.forward_static(prompt, cache, torch.arange(14)))
     want.append(hf.forward_static(block, cache, torch.arange(14, 19), window=32))  # slots 14..18 written
     want.append(hf.forward_static(block.flip(1), cache, torch.arange(16, 21), window=32))  # rewound to 16
-    native = native_target(hf, decoder="native")
-    assert isinstance(native, NativeTarget)
+    native = native_target(hf, decoder="native", products=products)
+    assert isinstance(native, NativeTarget) and native.native.products == products
     cache = native.new_static_cache(48)
     got = [native.forward_static(prompt, cache, torch.arange(14)),
            native.forward_static(block, cache, torch.arange(14, 19), window=32),

@@ -53,8 +53,8 @@ def test_silu_mul():
     assert_float32_close(kern._silu_mul_op(gu), ref.silu_mul(gu))
 
 
-@pytest.mark.parametrize("family", ["qwen3", "mistral-window"])
-def test_whole_decoder_on_the_kernels(family, monkeypatch):
+@pytest.mark.parametrize("family, products", [("qwen3", "triton"), ("mistral-window", "triton"), ("qwen3", "cublas")])
+def test_whole_decoder_on_the_kernels(family, products, monkeypatch):
     """Every kernel of the native decoder at once (the elementwise ones, the weight product and
     attention over the cache) against the transformers forward: a prefill, then a verify block
     over the slots it wrote, inside an attention window."""
@@ -72,7 +72,7 @@ def test_whole_decoder_on_the_kernels(family, monkeypatch):
     cache = hf.new_static_cache(40)
     want = [hf.forward_static(prompt, cache, torch.arange(10, device=DEV), window=16),
             hf.forward_static(block, cache, torch.arange(8, 13, device=DEV), window=16)]
-    native = NativeTarget(hf, triton_linear=True)
+    native = NativeTarget(hf, products=products)
     cache = native.new_static_cache(40)
     got = [native.forward_static(prompt, cache, torch.arange(10, device=DEV), window=16),
            native.forward_static(block, cache, torch.arange(8, 13, device=DEV), window=16)]

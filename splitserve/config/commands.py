@@ -66,9 +66,11 @@ class EngineConfig:
     # model: the target's own weights | fp8: weight-only FP8 copies of every layer product (native
     # decoder only), half the bytes read per step and NOT lossless against the model's own dtype
     weight_format: str = "model"
-    # Run the native decoder's products in the Triton weight-product kernel instead of cuBLAS
-    # (FP8 weights always use it): bench/linear_gpu.py compares the two
-    triton_linear: bool = False
+    # The native decoder's layers: fused (a decode step's products in the Triton weight product with
+    # the norms, SiLU·up and residual adds folded in, launched with PDL on Hopper; verify and
+    # prefill on cuBLAS) | triton (every forward of up to 32 tokens fused) | cublas (cuBLAS products
+    # and separate elementwise kernels). Same values every way; bench/engine_floor_gpu.py compares them
+    native_products: str = "fused"
 
 
 @dataclass

@@ -109,7 +109,7 @@ class Engine:
     def __init__(self, target: DecodingTarget, draft: DSparkDraft | None, cfg: EngineConfig | None = None):
         self.cfg = cfg = cfg or EngineConfig()
         target = native_target(require_decoding(target, "the serving engine"), cfg.decoder, cfg.weight_format,
-                               cfg.triton_linear)
+                               cfg.native_products)
         self.target, self.draft = target, draft
         self.device = target.device
         max_pos = target.max_positions

@@ -25,12 +25,14 @@ import functools
 
 import torch
 
-from splitserve.accel import HAS_TRITON, triton_op, triton_usable, wrap_triton
+from splitserve.accel import HAS_TRITON, pdl_args, triton_op, triton_usable, wrap_triton
 from splitserve.target.native import attention as reference
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from splitserve.accel import pdl_prologue_done
 
 MAX_TRITON_QUERIES = 32
 # Programs per SM that the split count aims for: enough to fill the GPU while K/V streams in.
@@ -104,9 +106,10 @@ if HAS_TRITON:
                       T, window, sliding, tiles_per_split, qk_scale: tl.constexpr, rows_pad,
                       sqt, sqh, sqd, skh, skl, skd, svh, svl, svd, sot, soh,
                       G: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_KV: tl.constexpr,
-                      HAS_SW: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr):
+                      HAS_SW: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
         # Program (h, s, b): rows b*BLOCK_M.. of kv head h (row r = query r // G of head h*G + r % G,
         # so a row's G heads are adjacent in memory) over split s's slots.
+        pdl_prologue_done(USE_PDL)
         h, s, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         rows = b * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < T * G
@@ -159,8 +162,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, splits, rows_pad, sot, soh,
-                      G: tl.constexpr, HD: tl.constexpr, S_BLOCK: tl.constexpr):
+                      G: tl.constexpr, HD: tl.constexpr, S_BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
         # Program (h, r): row r of kv head h, weighted over its splits by exp2(m_s - max m).
+        pdl_prologue_done(USE_PDL)
         h, r = tl.program_id(0), tl.program_id(1)
         sidx = tl.arange(0, S_BLOCK)
         s_ok = sidx < splits
@@ -202,12 +206,12 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, posit
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         G=G, HD=hd, BLOCK_M=block_m, BLOCK_KV=block_kv, HAS_SW=sliding_window > 0, SINGLE=splits == 1,
-        PREC=prec, num_warps=8 if block_m * hd >= 128 * 128 else 4, num_stages=2)
+        PREC=prec, num_warps=8 if block_m * hd >= 128 * 128 else 4, num_stages=2, **pdl_args(q))
     if splits > 1:
         s_block = triton.next_power_of_2(splits)
         wrap_triton(_merge_kernel)[(Hkv, rows)](
             acc, m, l_sum, out, splits, rows_pad, out.stride(0), out.stride(1),
-            G=G, HD=hd, S_BLOCK=s_block, num_warps=8 if s_block * hd > 8192 else 4)
+            G=G, HD=hd, S_BLOCK=s_block, num_warps=8 if s_block * hd > 8192 else 4, **pdl_args(q))
     return out
 
 

@@ -1,4 +1,5 @@
-"""Weight-only linear layers for batch-1 decode: the plain-PyTorch reference.
+"""Weight-only linear layers for batch-1 decode, and the fused products a layer is made of: the
+plain-PyTorch reference.
 
 Why: a decode step (T = 1) or a verify step (T = γ+1 <= 17) multiplies a handful of activation
 rows by every weight matrix of the model once, so its time is the time to read the weights from
@@ -8,15 +9,22 @@ precision ("weight-only" quantisation). It is not lossless against bf16: each we
 3 mantissa bits, so an FP8 target's logits differ from the bf16 target's, and greedy output may
 differ too; exactness checks compare a path with itself, not FP8 with bf16.
 
-`linear_kernel.py` holds the Triton kernel with the same signature; this file is what it must
+`product` is one layer product with what surrounds it in a decoder layer folded in: the RMSNorm
+before it (q|k|v and gate|up read the normalised residual stream), SiLU·up after the gate|up
+product, the residual add after o and down. Each is the composition of the separate references,
+rounded where they round, so a fused kernel can be checked against it piece by piece.
+
+`linear_kernel.py` holds the Triton kernel with the same signatures; this file is what it must
 agree with, and what runs on a CPU.
-Glossary: T tokens (rows of x), K in features, N out features.
+Glossary: T tokens (rows of x), K in features, N out features, F FFN size.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from splitserve.target.native.pointwise import rms_norm, silu_mul
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -40,6 +48,20 @@ def check_args(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, bia
         raise ValueError(f"linear: bias must be ({n},), got {tuple(bias.shape)}")
 
 
+def check_product(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+                  norm_weight: torch.Tensor | None, residual: torch.Tensor | None, silu: bool) -> None:
+    check_args(x, w, scale, bias)
+    if norm_weight is not None and (norm_weight.shape != (x.shape[1],) or norm_weight.dtype != x.dtype):
+        raise ValueError(f"product: norm_weight must be ({x.shape[1]},) {x.dtype}, got "
+                         f"{tuple(norm_weight.shape)} {norm_weight.dtype}")
+    if silu and w.shape[0] % 2:
+        raise ValueError(f"product: silu needs the packed [gate | up] rows, an even count, got {w.shape[0]}")
+    n_out = w.shape[0] // 2 if silu else w.shape[0]
+    if residual is not None and (residual.shape != (x.shape[0], n_out) or residual.dtype != x.dtype):
+        raise ValueError(f"product: residual must be ({x.shape[0]}, {n_out}) {x.dtype}, got "
+                         f"{tuple(residual.shape)} {residual.dtype}")
+
+
 def linear(
     x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -52,6 +74,26 @@ def linear(
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype)
+
+
+def product(
+    x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
+    norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
+    silu: bool = False,
+) -> torch.Tensor:
+    """x (T, K) -> (T, N), or (T, N/2) with silu:
+
+        h = rms_norm(x) * norm_weight     when norm_weight is given (x is then the residual stream)
+        y = h @ w.T (+ bias)              w (N, K) as in `linear`
+        y = silu(y[:, :N/2]) * y[:, N/2:] when silu (w is the packed [gate | up])
+        y = residual + y                  when residual is given
+    """
+    check_product(x, w, scale, bias, norm_weight, residual, silu)
+    h = x if norm_weight is None else rms_norm(x, norm_weight, eps)
+    y = linear(h, w, scale, bias)
+    if silu:
+        y = silu_mul(y)
+    return y if residual is None else residual + y
 
 
 def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,16 +15,25 @@ from __future__ import annotations
 
 import torch
 
-from splitserve.accel import HAS_TRITON, triton_op, triton_usable, wrap_triton
+from splitserve.accel import HAS_TRITON, pdl_args, triton_op, triton_usable, wrap_triton
 from splitserve.target.native import pointwise as reference
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    from splitserve.accel import pdl_prologue_done
+
 
 def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (T, D) -> w * rmsnorm(x) (T, D)."""
+    if not triton_usable(x):
+        return reference.rms_norm(x, weight, eps)
+    return _rms_norm_op(x.contiguous(), weight, eps)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -58,8 +67,9 @@ if HAS_TRITON:
 
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr, D, eps: tl.constexpr,
-                             HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                             HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
         # One program per token row: the whole row fits one block (D <= 16K here).
+        pdl_prologue_done(USE_PDL)
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         keep = offs < D
@@ -79,8 +89,9 @@ if HAS_TRITON:
     @triton.jit
     def _rope_and_write_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                                pos_ptr, eps: tl.constexpr, stride_cache_h, stride_cache_l, Hq: tl.constexpr,
-                               Hkv: tl.constexpr, HD: tl.constexpr, HAS_NORM: tl.constexpr):
+                               Hkv: tl.constexpr, HD: tl.constexpr, HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr):
         # Program (t, h): head h < Hq is query head h; else key/value head h - Hq, written to the cache.
+        pdl_prologue_done(USE_PDL)
         t, h = tl.program_id(0), tl.program_id(1)
         HALF: tl.constexpr = HD // 2
         offs = tl.arange(0, HALF)
@@ -119,7 +130,8 @@ if HAS_TRITON:
             tl.store(v_cache_ptr + slot + HALF + offs, tl.load(v_src + HALF + offs))
 
     @triton.jit
-    def _silu_mul_kernel(gu_ptr, out_ptr, F, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(gu_ptr, out_ptr, F, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+        pdl_prologue_done(USE_PDL)
         t, blk = tl.program_id(0), tl.program_id(1)
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         keep = offs < F
@@ -133,7 +145,8 @@ if HAS_TRITON:
         T, D = x.shape
         out = torch.empty((T, D), dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
         wrap_triton(_add_rms_norm_kernel)[(T,)](x, x if residual is None else residual, weight, out, summed, D, eps,
-                                              HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(D))
+                                                HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(D),
+                                                **pdl_args(x))
         return out
 
     @triton_op("rms_norm")
@@ -156,7 +169,7 @@ if HAS_TRITON:
         norm = q_norm is not None
         wrap_triton(_rope_and_write_kernel)[(T, num_heads + Hkv)](
             qkv, cos, sin, q_norm if norm else qkv, k_norm if norm else qkv, q, k_cache, v_cache, positions, eps,
-            k_cache.stride(0), k_cache.stride(1), Hq=num_heads, Hkv=Hkv, HD=hd, HAS_NORM=norm,
+            k_cache.stride(0), k_cache.stride(1), Hq=num_heads, Hkv=Hkv, HD=hd, HAS_NORM=norm, **pdl_args(qkv),
         )
         return q
 
@@ -166,5 +179,5 @@ if HAS_TRITON:
         F = two_f // 2
         out = torch.empty((T, F), dtype=gate_up.dtype, device=gate_up.device)
         block = min(1024, triton.next_power_of_2(F))
-        wrap_triton(_silu_mul_kernel)[(T, triton.cdiv(F, block))](gate_up, out, F, BLOCK=block)
+        wrap_triton(_silu_mul_kernel)[(T, triton.cdiv(F, block))](gate_up, out, F, BLOCK=block, **pdl_args(gate_up))
         return out

@@ -24,7 +24,7 @@ from splitserve.target.native.weights import Layer, in_format, pack_layers
 class NativeTarget:
     """Implements `CaptureTarget` and `DecodingTarget` (target/backend.py)."""
 
-    def __init__(self, hf: HFTarget, weight_format: str = "model", triton_linear: bool = False):
+    def __init__(self, hf: HFTarget, weight_format: str = "model", products: str = "fused"):
         reason = target_reason(hf)
         if reason is not None:
             raise ValueError(f"{hf.info.name}: the native decoder does not serve this target: {reason}")
@@ -43,7 +43,7 @@ class NativeTarget:
             num_kv_heads=int(getattr(tc, "num_key_value_heads", None) or num_heads),
             head_dim=int(getattr(tc, "head_dim", None) or tc.hidden_size // num_heads),
             eps=float(tc.rms_norm_eps), scale=float(attn.scaling), capture_ids=hf.info.layer_ids,
-            triton_linear=triton_linear,
+            products=products,
         )
 
     @property
@@ -128,7 +128,7 @@ def _packed(hf: HFTarget) -> list[Layer]:
 
 
 def native_target(target: Any, decoder: str = "auto", weight_format: str = "model",
-                  triton_linear: bool = False) -> Any:
+                  products: str = "fused") -> Any:
     """The target to serve with: NativeTarget when `decoder` is native, or auto and the target is
     a transformers target of the native family; otherwise the target itself. decoder="native" on
     a target outside the family is an error naming why."""
@@ -144,10 +144,10 @@ def native_target(target: Any, decoder: str = "auto", weight_format: str = "mode
         return target
     if decoder == "auto" and weight_format == "model" and target_reason(target) is not None:
         return target  # auto falls back; asked for explicitly, NativeTarget refuses with the reason
-    key = (weight_format, triton_linear)
+    key = (weight_format, products)
     built = _BUILT.setdefault(target, {})
     if key not in built:  # one NativeTarget per target and settings, however many engines it serves
-        built[key] = NativeTarget(target, weight_format, triton_linear)
+        built[key] = NativeTarget(target, weight_format, products)
     return built[key]
 
 
