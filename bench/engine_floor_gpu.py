@@ -17,7 +17,8 @@ Variants name EngineConfig settings: hf | native, then any of -compiled (torch.c
 -fp8 (weight-only FP8, not lossless), -cublas (native_products="cublas": cuBLAS products and separate
 elementwise kernels, the native decoder before the fused products), -triton (native_products="triton":
 the verify forward fused too), -nopdl (SPLITSERVE_PDL=0: no
-programmatic dependent launch), -ipdl (TORCHINDUCTOR_ENABLE_PDL=1: inductor's kernels use PDL too).
+programmatic dependent launch), -ipdl (torch._inductor.config.triton.enable_pdl: inductor's kernels use
+PDL too; the setting TORCHINDUCTOR_ENABLE_PDL=1 gives at import).
 The draft is untrained, so nothing is accepted: any TPOT at a τ is a projection,
 τ · (AR TPOT) / (wall time per round), labelled so.
 """
@@ -56,10 +57,10 @@ def variant_config(name: str, max_context: int) -> EngineConfig:
 
 @contextlib.contextmanager
 def variant_env(name: str):
-    """The environment a variant's engine is built, captured and timed in."""
+    """The environment a variant's engine is built, captured and timed in (inductor reads its
+    environment once, at import, so -ipdl sets its config instead)."""
     flags = name.split("-")[1:]
-    env = {"SPLITSERVE_PDL": "0" if "nopdl" in flags else "1",
-           "TORCHINDUCTOR_ENABLE_PDL": "1" if "ipdl" in flags else "0"}
+    env = {"SPLITSERVE_PDL": "0" if "nopdl" in flags else "1"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     ipdl = getattr(torch._inductor.config.triton, "enable_pdl", None)

@@ -103,7 +103,8 @@ class Case:
         base = (torch.randn(n, k, generator=g, device="cuda") * k**-0.5).to(torch.bfloat16)  # (N, K)
         self.ws = [base.clone() for _ in range(LAYERS[model])]  # distinct memory, one per layer
         self.w8 = ref.quantize_fp8(base)
-        self.norm = (0.5 + torch.rand(k, generator=g, device="cuda")).to(torch.bfloat16) if self.fold.get("norm") else None
+        norm = (0.5 + torch.rand(k, generator=g, device="cuda")).to(torch.bfloat16)  # (K,)
+        self.norm = norm if self.fold.get("norm") else None
         n_out = n // 2 if self.fold.get("silu") else n
         self.res = torch.randn(t, n_out, generator=g, **bf) if self.fold.get("add") else None
 
@@ -178,7 +179,8 @@ def run_case(case: Case, sweep: bool, replays: int, fp8: bool = False) -> dict:
 
 def table(rows: list[dict], tbps: float) -> str:
     cols = ["cublas", "triton", "fused", "fused+pdl", "fp8+pdl", "best"]
-    lines = ["| model | product | T | MB | " + " | ".join(f"{c} µs" for c in cols) + " | best cfg (n, k, warps, split, mode) "
+    lines = ["| model | product | T | MB | " + " | ".join(f"{c} µs" for c in cols)
+             + " | best cfg (n, k, warps, split, mode) "
              "| fused+pdl % of copy BW | err |", "|" + "---|" * (len(cols) + 7)]
     for r in rows:
         cells = [f"{r[c]:.1f}" if r.get(c) else "-" for c in cols]
@@ -187,7 +189,8 @@ def table(rows: list[dict], tbps: float) -> str:
                 + ("/bp" if b.get("block_ptr") else ""))
         frac = r["weight_mb"] * 1e6 / (r["fused+pdl"] * 1e-6) / (tbps * 1e12) if r.get("fused+pdl") else float("nan")
         lines.append(f"| {r['model']} | {r['layer']} | {r['T']} | {r['weight_mb']:.1f} | " + " | ".join(cells)
-                     + f" | {b['block_n']}, {b['block_k']}, {b['num_warps']}, {b['split_k']}, {mode} | {100 * frac:.0f}% "
+                     + f" | {b['block_n']}, {b['block_k']}, {b['num_warps']}, {b['split_k']}, {mode} "
+                     f"| {100 * frac:.0f}% "
                      f"| {r['err_default']:.1e} |")
     for model in dict.fromkeys(r["model"] for r in rows):
         for t in dict.fromkeys(r["T"] for r in rows if r["model"] == model):
@@ -226,7 +229,8 @@ def main() -> None:
                 if args.out:
                     args.out.write_text(json.dumps(dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                                                         rows=rows), indent=1))
-    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}: median µs per call, one weight copy per layer")
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}: "
+          "median µs per call, one weight copy per layer")
     print(table(rows, args.copy_tbps))
 
 

@@ -4,6 +4,7 @@ Also how a kernel's launcher is registered, so that torch.compile can trace into
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -54,7 +55,13 @@ def pdl_usable(t: torch.Tensor) -> bool:
     launched this way is correct after any other kernel. SPLITSERVE_PDL=0 turns it off."""
     if not (triton_usable(t) and _HAS_GDC) or os.environ.get("SPLITSERVE_PDL", "1") == "0":
         return False
-    return torch.cuda.get_device_capability(t.device)[0] >= 9
+    return _major(t.device.index if t.device.index is not None else torch.cuda.current_device()) >= 9
+
+
+@functools.lru_cache(maxsize=None)
+def _major(index: int) -> int:
+    """The compute capability's major version of CUDA device `index` (asked once: every launch asks)."""
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def pdl_args(t: torch.Tensor, on: bool | None = None) -> dict:

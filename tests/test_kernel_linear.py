@@ -203,7 +203,8 @@ def test_fused_product_matches_reference(t, fp8, fusion, split):
     the epilogue)."""
     n, k = 48, 300
     x, w, scale, norm = _fused_inputs(t, 2 * n, k, fp8, seed=t + 7 * len(fusion))
-    use_norm, silu, add = fusion in ("norm", "norm_silu", "all"), fusion in ("norm_silu", "all"), fusion in ("add", "all")
+    use_norm, silu = fusion in ("norm", "norm_silu", "all"), fusion in ("norm_silu", "all")
+    add = fusion in ("add", "all")
     residual = torch.randn(t, n if silu else 2 * n, generator=torch.Generator().manual_seed(9)) if add else None
     kw = dict(norm_weight=norm if use_norm else None, eps=1e-5, residual=residual, silu=silu)
     want = ref.product(x, w, scale, **kw)
