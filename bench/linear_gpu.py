@@ -3,6 +3,7 @@ neighbours folded in, with and without PDL, and a sweep of block sizes.
 
     PYTHONPATH=. python bench/linear_gpu.py --out linear.json
     PYTHONPATH=. python bench/linear_gpu.py --models smollm2 --tokens 1 --no-sweep --out smol.json   (quicker)
+    PYTHONPATH=. python bench/linear_gpu.py --models 8b --tokens 17 --sweep-swap --out t17.json    (the swapped dot)
 
 For each product of an 8B-class target (hidden 4096, 32/8 heads of 128, FFN 12288, vocab 151936)
 and of SmolLM2-135M (hidden 576, 9/3 heads of 64, FFN 1536, vocab 49152), at T = 1 (decode) and
@@ -40,6 +41,7 @@ SHAPES = {
     "smollm2": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)},
 }
 LAYERS = {"8b": 36, "smollm2": 30}
+NO_FOLD: set[str] = set()  # --no-fold: pieces left to separate kernels (norm, add)
 FOLDED = {"qkv": dict(norm=True), "o": dict(add=True), "gate_up": dict(norm=True, silu=True), "down": dict(add=True)}
 # Candidate (block_n, block_k, num_warps) per path, each in every mode; the default pick is timed too.
 SWEEP = {
@@ -50,18 +52,26 @@ SWEEP = {
     "gemv_fp8": [(8, 2048, 4), (16, 512, 4), (8, 512, 4), (32, 256, 4), (16, 1024, 8)],
     "gemv_silu_fp8": [(4, 2048, 4), (8, 512, 4), (16, 256, 4), (4, 512, 4), (8, 1024, 8)],
 }
-# (prefetch, num_stages, reduce_each, block_ptr): the next tile held in registers, or the compiler's
-# pipelining (plain or block pointers); at T = 1 the K sum once after the loop or every step
+# (prefetch, num_stages, reduce_each, block_ptr[, swap_ab, norm_inv]): the next tile held in
+# registers, or the compiler's pipelining (plain or block pointers); at T = 1 the K sum once after
+# the loop or every step; at T >= 2 the weight tile as the dot's right or (swap_ab) left operand,
+# and the norm's 1/RMS from each program's own pass or (norm_inv) a small kernel first. The swapped
+# modes split K as pick_config does; the others keep one program per N tile.
 MODES = {"gemv": [(True, 1, False, False), (True, 1, True, False)],
-         "dot": [(True, 1, False, False), (False, 3, False, False), (False, 3, False, True), (False, 4, False, True)]}
+         "dot": [(True, 1, False, False), (False, 3, False, False), (False, 3, False, True), (False, 4, False, True)],
+         "swap": [(False, 3, False, False, True, False), (False, 4, False, False, True, False),
+                  (False, 3, False, False, True, True)]}
+SWEEP["swap"] = [(64, 64, 4), (64, 128, 4), (128, 64, 4), (64, 256, 4)]
+SWEEP["swap_silu"] = [(64, 64, 4), (64, 128, 4), (128, 64, 8)]
 
 
-def make_config(t: int, k: int, block_n: int, block_k: int, warps: int, mode: tuple) -> lk.Config:
+def make_config(t: int, n: int, k: int, block_n: int, block_k: int, warps: int, mode: tuple) -> lk.Config:
     use_dot = t > 1
     block_k = min(block_k, lk._pow2(k))
-    prefetch, stages, reduce_each, block_ptr = mode
-    return lk.Config(max(16, lk._pow2(t)) if use_dot else 1, block_n, block_k, 1, -(-k // block_k) * block_k,
-                     use_dot, warps, prefetch, stages, reduce_each, block_ptr)
+    prefetch, stages, reduce_each, block_ptr, swap_ab, norm_inv = (*mode, False, False)[:6]
+    split, k_per_split = lk.split_k(n, k, block_n, block_k) if swap_ab else (1, -(-k // block_k) * block_k)
+    return lk.Config(max(16, lk._pow2(t)) if use_dot else 1, block_n, block_k, split, k_per_split,
+                     use_dot, warps, prefetch, stages, reduce_each, block_ptr, swap_ab, norm_inv)
 
 
 def graph_ms_per_call(calls: list, replays: int) -> float:
@@ -96,7 +106,7 @@ class Case:
     def __init__(self, model: str, layer: str, t: int):
         n, k = SHAPES[model][layer]
         self.model, self.layer, self.t, self.n, self.k = model, layer, t, n, k
-        self.fold = FOLDED[layer]
+        self.fold = {k: v for k, v in FOLDED[layer].items() if k not in NO_FOLD}
         g = torch.Generator(device="cuda").manual_seed(0)
         bf = dict(device="cuda", dtype=torch.bfloat16)
         self.x = torch.randn(t, k, generator=g, device="cuda").to(torch.bfloat16) * 2  # (T, K)
@@ -140,11 +150,11 @@ class Case:
         return self.n * self.k * 2
 
 
-def sweep_key(t: int, silu: bool) -> str:
-    return ("dot" if t > 1 else "gemv") + ("_silu" if silu else "")
+def sweep_key(t: int, silu: bool, swap: bool = False) -> str:
+    return ("gemv" if t == 1 else "swap" if swap else "dot") + ("_silu" if silu else "")
 
 
-def run_case(case: Case, sweep: bool, replays: int, fp8: bool = False) -> dict:
+def run_case(case: Case, sweep: bool, replays: int, fp8: bool = False, swap: bool = False) -> dict:
     silu = bool(case.fold.get("silu"))
     n_out = case.n // 2 if silu else case.n
     default = lk.pick_config(case.t, n_out, case.k, 1 if fp8 else 2, silu)
@@ -160,9 +170,9 @@ def run_case(case: Case, sweep: bool, replays: int, fp8: bool = False) -> dict:
     if sweep:
         best = (row[swept] or float("inf"), default, "default")
         tried = []
-        key = sweep_key(case.t, silu)
+        key = sweep_key(case.t, silu, swap)
         for (bn, bk, warps), mode in itertools.product(SWEEP[key + ("_fp8" if fp8 else "")], MODES[key.split("_")[0]]):
-            cfg = make_config(case.t, case.k, bn, bk, warps, mode)
+            cfg = make_config(case.t, n_out, case.k, bn, bk, warps, mode)
             try:
                 us = case.time(swept, cfg, replays)
                 err = case.error(cfg)
@@ -186,7 +196,8 @@ def table(rows: list[dict], tbps: float) -> str:
         cells = [f"{r[c]:.1f}" if r.get(c) else "-" for c in cols]
         b = r.get("best_cfg") or r["default"]
         mode = (("pre" if b["prefetch"] else f"st{b['num_stages']}") + ("/red" if b["reduce_each"] else "")
-                + ("/bp" if b.get("block_ptr") else ""))
+                + ("/bp" if b.get("block_ptr") else "") + ("/swap" if b.get("swap_ab") else "")
+                + ("/inv" if b.get("norm_inv") else ""))
         frac = r["weight_mb"] * 1e6 / (r["fused+pdl"] * 1e-6) / (tbps * 1e12) if r.get("fused+pdl") else float("nan")
         lines.append(f"| {r['model']} | {r['layer']} | {r['T']} | {r['weight_mb']:.1f} | " + " | ".join(cells)
                      + f" | {b['block_n']}, {b['block_k']}, {b['num_warps']}, {b['split_k']}, {mode} "
@@ -209,9 +220,14 @@ def main() -> None:
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--sweep-fp8", action="store_true", help="sweep the blocks of the fp8 product (T = 1) instead")
     p.add_argument("--sweep-models", nargs="*", default=["8b"], help="models whose products get the block sweep")
+    p.add_argument("--no-fold", nargs="*", default=[], choices=["norm", "add"],
+                   help="leave these out of the fused product (time the product without them)")
+    p.add_argument("--sweep-swap", action="store_true",
+                   help="at T >= 2 sweep the swapped-operand dot (weight tile on the left, K split) instead")
     p.add_argument("--copy-tbps", type=float, default=4.26, help="device-to-device copy bandwidth, for the %% column")
     p.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = p.parse_args()
+    NO_FOLD.update(args.no_fold)
     if not torch.cuda.is_available():
         raise SystemExit("linear_gpu.py: needs a CUDA GPU (the kernel's CPU check is tests/test_kernel_linear.py)")
     rows = []
@@ -219,7 +235,8 @@ def main() -> None:
         for t in args.tokens:
             for layer in SHAPES[model]:
                 case = Case(model, layer, t)
-                row = run_case(case, not args.no_sweep and model in args.sweep_models, args.replays, args.sweep_fp8)
+                row = run_case(case, not args.no_sweep and model in args.sweep_models, args.replays, args.sweep_fp8,
+                               args.sweep_swap)
                 rows.append(row)
                 print(f"{model} {layer} T={t}: " + ", ".join(
                     f"{v} {row[v]:.1f}" for v in ("cublas", "triton", "fused", "fused+pdl", "fp8+pdl", "best")

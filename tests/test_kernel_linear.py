@@ -196,11 +196,12 @@ def _fused_inputs(t: int, n: int, k: int, fp8: bool, seed: int):
 @pytest.mark.parametrize("t", [1, 5, 17])
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("fusion", ["norm", "norm_silu", "add", "all"])
-@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("split", [None, "split", "swap", "swap_inv"])
 def test_fused_product_matches_reference(t, fp8, fusion, split):
     """Each folded-in piece against the composition of the separate references, with the blocks
     `pick_config` chooses, and with K split over three programs (the reduce kernel then applies
-    the epilogue)."""
+    the epilogue), also with the weight tile as the dot's left operand (T >= 2), the norm's 1/RMS
+    taken in each program or by the small kernel before it."""
     n, k = 48, 300
     x, w, scale, norm = _fused_inputs(t, 2 * n, k, fp8, seed=t + 7 * len(fusion))
     use_norm, silu = fusion in ("norm", "norm_silu", "all"), fusion in ("norm_silu", "all")
@@ -211,6 +212,8 @@ def test_fused_product_matches_reference(t, fp8, fusion, split):
     cfg = None
     if split:  # 5 K steps of 64 in three splits of 2, 2 and 1
         cfg = lk.Config(1 if t == 1 else 32, 16, 64, 3, 128, t > 1)
+        if split.startswith("swap"):  # pipelined by the compiler, sums kept transposed
+            cfg = cfg._replace(prefetch=False, num_stages=3, swap_ab=True, norm_inv=split == "swap_inv")
     dev = dict(norm_weight=norm.to(DEV) if use_norm else None, eps=1e-5,
                residual=residual.to(DEV) if add else None, silu=silu)
     got = _interpreted(lk, *_on_dev(x, w, scale), dev, cfg)
@@ -257,11 +260,14 @@ def test_fused_product_refuses_bad_shapes():
 
 @pytest.mark.parametrize("t, mode", [(1, (True, 1, False, False)), (1, (True, 1, True, False)),
                                      (1, (False, 3, True, False)), (17, (True, 1, False, False)),
-                                     (17, (False, 3, False, False)), (17, (False, 3, False, True))])
+                                     (17, (False, 3, False, False)), (17, (False, 3, False, True)),
+                                     (17, (False, 3, False, False, True)), (17, (True, 1, False, False, True)),
+                                     (5, (False, 4, False, True, True))])
 def test_every_streaming_mode_matches_reference(t, mode):
     """The ways a program can stream its weights (the next tile held in registers, or the
-    compiler's pipelining; the K sum every step or once) give the same products, over several K
-    steps, with the norm, SiLU and residual folded in."""
+    compiler's pipelining; the K sum every step or once; at T >= 2 the weight tile on either side
+    of the dot) give the same products, over several K steps, with the norm, SiLU and residual
+    folded in."""
     n, k = 24, 300
     x, w, _, norm = _fused_inputs(t, 2 * n, k, False, seed=5)
     res = torch.randn(t, n, generator=torch.Generator().manual_seed(6))

@@ -13,12 +13,16 @@ before the current one is used (two tiles in flight per program), and the first 
 program waits on the kernel before it (programmatic dependent launch, `USE_PDL`): weights are
 never written by an earlier kernel, so a product's first loads overlap its predecessor's tail.
 T = 1 multiplies the weight tile by the x row and sums over K once after the loop; T >= 2 pads
-T to 16 or 32 and uses tl.dot (the padding costs tensor-core work only, which is idle here).
+T to 16 or 32 and uses tl.dot (the padding costs tensor-core work only, which is idle here), with
+the weight tile as the left operand (`swap_ab`: its 64 rows are the M of Hopper's warpgroup MMA,
+fed from the compiler's pipelined shared-memory copies) and sums kept transposed.
 
 What is folded in, each a compile-time switch (the reference's `product` is the composition):
   PRE_NORM  x is the residual stream: each program first takes every row's RMS over K (x is a
             few KB, from L2) and normalises x tile by tile, rounded where rms_norm rounds. The
-            separate norm kernel and the normalised copy of x are gone.
+            separate norm kernel and the normalised copy of x are gone. At T >= 2 that pass
+            costs more than the product, so a one-program-per-row kernel computes the T values
+            of 1/RMS first (`norm_inv`) and every program reads them.
   SILU      w is [gate | up] (2F rows): a program owns gate rows n and up rows F + n and writes
             silu(gate) * up, never the (T, 2F) product.
   ADD       out = residual + product, the residual stream's add.
@@ -67,6 +71,8 @@ class Config(NamedTuple):
     num_stages: int = 1  # the compiler's own pipelining, for prefetch=False
     reduce_each: bool = False  # T = 1: sum over K every step (one running sum per row) or once at the end
     block_ptr: bool = False  # T >= 2 without prefetch: weight tiles through block pointers
+    swap_ab: bool = False  # T >= 2: out^T = w @ x^T, so the weight tile is the dot's M side (64+ rows)
+    norm_inv: bool = False  # PRE_NORM: each row's 1/RMS from a small kernel first, not each program's own pass
 
 
 def _pow2(n: int) -> int:
@@ -81,7 +87,16 @@ def pick_config(t: int, n: int, k: int, w_bytes: int, silu: bool = False) -> Con
     row tiles are wider and K steps shorter."""
     use_dot = t > 1
     warps, reduce_each = 4, False
-    if use_dot:
+    if use_dot and w_bytes == 2:
+        # the swapped dot, pipelined by the compiler, K split to fill the SMs (swept at T = 17: an
+        # 8B-class layer's products in 1.06x cuBLAS's time without the norm, 1.9x before); the
+        # norm's 1/RMS comes from a small kernel, since a pass over K in every program cost more
+        # than the product at q|k|v and gate|up
+        block_k = max(16, min(_pow2(k), 128))
+        split, k_per_split = split_k(n, k, 64, block_k)
+        return Config(max(16, _pow2(t)), 64, block_k, split, k_per_split, True, 4, prefetch=False, num_stages=3,
+                      swap_ab=True, norm_inv=True)
+    if use_dot:  # fp8 weights: the blocks of the first T = 17 sweep (the swapped dot is not measured on fp8)
         block_t = max(16, _pow2(t))
         block_k = max(16, min(_pow2(k), 64))
         block_n, warps = 64, 8
@@ -97,15 +112,20 @@ def pick_config(t: int, n: int, k: int, w_bytes: int, silu: bool = False) -> Con
         reduce_each = narrow or (silu and k > 2048)
         while block_n > 2 and -(-n // block_n) < SMS:
             block_n //= 2
+    split, k_per_split = split_k(n, k, block_n, block_k)
+    return Config(block_t, block_n, block_k, split, k_per_split, use_dot, warps, reduce_each=reduce_each)
+
+
+def split_k(n: int, k: int, block_n: int, block_k: int) -> tuple[int, int]:
+    """-> (programs along K, K columns each, a multiple of block_k): a K split when the N tiles
+    alone are fewer programs than SMs, up to TARGET_PROGRAMS in all."""
     n_tiles, k_steps = -(-n // block_n), -(-k // block_k)
     split = 1
     if n_tiles < SMS:
         # Each split keeps >= 2 K steps: one step per program would be all latency.
         split = max(1, min(-(-TARGET_PROGRAMS // n_tiles), k_steps // 2))
     steps_per_split = -(-k_steps // split)
-    split = -(-k_steps // steps_per_split)  # no empty split
-    return Config(block_t, block_n, block_k, split, steps_per_split * block_k, use_dot, warps,
-                  reduce_each=reduce_each)
+    return -(-k_steps // steps_per_split), steps_per_split * block_k  # no empty split
 
 
 def linear(
@@ -172,13 +192,14 @@ if HAS_TRITON:
         tl.store(out_ptr + offs_t[:, None] * N + offs_n[None, :], y, mask=mask)
 
     @triton.jit
-    def _product_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, norm_ptr, res_ptr, out_ptr,
+    def _product_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, norm_ptr, inv_ptr, res_ptr, out_ptr,
                         T, N, K, stride_x, stride_w, k_per_split, eps,
                         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, PARTIAL: tl.constexpr,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, PRE_NORM: tl.constexpr,
                         SILU: tl.constexpr, ADD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
-                        REDUCE_EACH: tl.constexpr, BLOCK_PTR: tl.constexpr):
+                        REDUCE_EACH: tl.constexpr, BLOCK_PTR: tl.constexpr, SWAP_AB: tl.constexpr,
+                        NORM_INV: tl.constexpr):
         # Program (n, s): output columns offs_n over K range s. PARTIAL: float32 sums to
         # out (split, T, N or 2N) and the reduce kernel finishes.
         pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -201,7 +222,9 @@ if HAS_TRITON:
         pdl_prologue_done(USE_PDL)
 
         inv = tl.zeros([BLOCK_T], tl.float32)
-        if PRE_NORM:  # every row's 1/RMS over all of K (x is small and stays in L2)
+        if PRE_NORM and NORM_INV:  # every row's 1/RMS, from _inv_rms_kernel
+            inv = tl.load(inv_ptr + offs_t, mask=t_in, other=0.0)
+        elif PRE_NORM:  # every row's 1/RMS over all of K (x is small and stays in L2)
             ss = tl.zeros([BLOCK_T], tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 kk = k0 + tl.arange(0, BLOCK_K)
@@ -211,8 +234,12 @@ if HAS_TRITON:
             inv = tl.rsqrt(ss / K + eps)
 
         if USE_DOT:
-            acc_a = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-            acc_b = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+            # SWAP_AB: the sums are kept transposed, (BLOCK_N, BLOCK_T), so that the weight tile is
+            # the left operand: its BLOCK_N rows are the M the tensor-core instructions want
+            # (Hopper's warpgroup MMA takes M >= 64; T is only 16-32) and it can go straight from
+            # the pipelined shared-memory copy into the MMA
+            acc_a = tl.zeros((BLOCK_N, BLOCK_T) if SWAP_AB else (BLOCK_T, BLOCK_N), dtype=tl.float32)
+            acc_b = tl.zeros((BLOCK_N, BLOCK_T) if SWAP_AB else (BLOCK_T, BLOCK_N), dtype=tl.float32)
             # block pointers: tiles the compiler's pipelining can copy to shared memory asynchronously
             rows = 2 * N if SILU else N
             wa_bp = tl.make_block_ptr(w_ptr, (rows, K), (stride_w, 1), (pid_n * BLOCK_N, k_start), (BLOCK_N, BLOCK_K),
@@ -249,8 +276,12 @@ if HAS_TRITON:
             if PRE_NORM:  # rms_norm's roundings: normalised row to x's dtype, then times the weight
                 g = tl.load(norm_ptr + offs_k, mask=k_ok, other=0.0).to(tl.float32)
                 x = ((x.to(tl.float32) * inv[:, None]).to(x.dtype).to(tl.float32) * g[None, :]).to(x.dtype)
-            if USE_DOT:
+            if USE_DOT and SWAP_AB:
                 # fp8 -> bf16/fp16 is exact, so the products are the reference's.
+                acc_a += tl.dot(wa.to(x.dtype), tl.trans(x), input_precision=DOT_PRECISION)
+                if SILU:
+                    acc_b += tl.dot(wb.to(x.dtype), tl.trans(x), input_precision=DOT_PRECISION)
+            elif USE_DOT:
                 acc_a += tl.dot(x, tl.trans(wa.to(x.dtype)), input_precision=DOT_PRECISION)
                 if SILU:
                     acc_b += tl.dot(x, tl.trans(wb.to(x.dtype)), input_precision=DOT_PRECISION)
@@ -269,6 +300,9 @@ if HAS_TRITON:
         if not USE_DOT:
             acc_a = tl.sum(acc2_a, axis=1)[None, :]
             acc_b = tl.sum(acc2_b, axis=1)[None, :]
+        elif SWAP_AB:
+            acc_a = tl.trans(acc_a)  # (BLOCK_T, BLOCK_N), as the epilogue and partial sums expect
+            acc_b = tl.trans(acc_b)
         if PARTIAL:
             width = 2 * N if SILU else N
             base = out_ptr + (pid_k * T + offs_t[:, None]) * width + offs_n[None, :]
@@ -279,6 +313,19 @@ if HAS_TRITON:
         else:
             _epilogue(acc_a, acc_b, offs_t, offs_n, T, N, scale_ptr, bias_ptr, res_ptr, out_ptr,
                       HAS_SCALE, HAS_BIAS, SILU, ADD)
+
+    @triton.jit
+    def _inv_rms_kernel(x_ptr, inv_ptr, K, stride_x, eps, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+        # x (T, K) -> inv (T,) float32 = 1 / sqrt(mean(x^2) + eps), one program per row: the same
+        # float32 sum as the product kernel's own pass
+        pdl_prologue_done(USE_PDL)
+        row = tl.program_id(0)
+        ss = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            xs = tl.load(x_ptr + row * stride_x + kk, mask=kk < K, other=0.0).to(tl.float32)
+            ss += xs * xs
+        tl.store(inv_ptr + row, tl.rsqrt(tl.sum(ss, 0) / K + eps))
 
     @triton.jit
     def _reduce_kernel(part_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, T, N, SPLIT,
@@ -326,14 +373,20 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, bias: t
     common = dict(BLOCK_T=cfg.block_t, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot,
                   DOT_PRECISION=precision, PRE_NORM=norm_weight is not None, num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages, PREFETCH=cfg.prefetch,
-                  REDUCE_EACH=cfg.reduce_each, BLOCK_PTR=cfg.block_ptr)
+                  REDUCE_EACH=cfg.reduce_each, BLOCK_PTR=cfg.block_ptr, SWAP_AB=cfg.swap_ab and cfg.use_dot,
+                  NORM_INV=cfg.norm_inv)
     norm = norm_weight if norm_weight is not None else dummy
+    inv = dummy
+    if norm_weight is not None and cfg.norm_inv:
+        inv = torch.empty(t, dtype=torch.float32, device=x.device)
+        wrap_triton(_inv_rms_kernel)[(t,)](x, inv, k, x.stride(0), eps, BLOCK_K=min(_pow2(k), 1024),
+                                           **pdl_args(x, pdl))
     if cfg.split_k == 1:
-        wrap_triton(_product_kernel)[(n_tiles, 1)](x, w, *ptrs, norm, res, out, t, n, k, x.stride(0), w.stride(0),
+        wrap_triton(_product_kernel)[(n_tiles, 1)](x, w, *ptrs, norm, inv, res, out, t, n, k, x.stride(0), w.stride(0),
                                                    cfg.k_per_split, eps, PARTIAL=False, **flags, **common)
         return out
     part = torch.empty(cfg.split_k, t, 2 * n if silu else n, dtype=torch.float32, device=x.device)
-    wrap_triton(_product_kernel)[(n_tiles, cfg.split_k)](x, w, *ptrs, norm, res, part, t, n, k, x.stride(0),
+    wrap_triton(_product_kernel)[(n_tiles, cfg.split_k)](x, w, *ptrs, norm, inv, res, part, t, n, k, x.stride(0),
                                                          w.stride(0), cfg.k_per_split, eps, PARTIAL=True, **flags,
                                                          **common)
     wrap_triton(_reduce_kernel)[(n_tiles,)](part, *ptrs, res, out, t, n, cfg.split_k, BLOCK_T=cfg.block_t,
