@@ -98,6 +98,10 @@ def synthetic_prompts(vocab_size: int, num: int, length: int, seed: int, avoid: 
 def bench_engine(engine: Engine, prompts: list[list[int]], output_len: int, mode: str, warmup: int,
                  desc: str, eos_ids: frozenset[int] = frozenset()) -> tuple[list[RequestTiming], list[list[int]]]:
     params = SamplingParams(max_tokens=output_len, temperature=0.0, eos_ids=eos_ids)  # empty: fixed length
+    if warmup:
+        # every attention window's graph (and compiled step) now: a request that is the first to
+        # reach a window would otherwise time its capture (seconds under --compile)
+        engine.warmup(mode, 0.0)
     for _ in range(warmup):
         engine.generate(prompts[0], params, mode=mode)
     timings, outputs = [], []
