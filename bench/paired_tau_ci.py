@@ -31,7 +31,8 @@ def print_table(args) -> None:
             continue
         point, lo, hi = paired_ratio(a, b, args.samples, args.seed)
         bold = "**" if lo > 1 or hi < 1 else ""
-        print(f"| {key[0]} | {key[1]:g} | {a.tokens.sum() / a.rounds.sum():.3f} | {b.tokens.sum() / b.rounds.sum():.3f} "
+        tau_a, tau_b = a.tokens.sum() / a.rounds.sum(), b.tokens.sum() / b.rounds.sum()
+        print(f"| {key[0]} | {key[1]:g} | {tau_a:.3f} | {tau_b:.3f} "
               f"| {bold}{point:.3f}{bold} | {lo:.3f}–{hi:.3f} | {len(a.tokens)} |")
 
 
