@@ -41,7 +41,7 @@ SHAPES = {
     "smollm2": {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)},
 }
 LAYERS = {"8b": 36, "smollm2": 30}
-NO_FOLD: set[str] = set()  # --no-fold: pieces left to separate kernels (norm, add)
+NO_FOLD: set[str] = set()  # --no-fold: pieces left to separate kernels (norm, add, silu)
 FOLDED = {"qkv": dict(norm=True), "o": dict(add=True), "gate_up": dict(norm=True, silu=True), "down": dict(add=True)}
 # Candidate (block_n, block_k, num_warps) per path, each in every mode; the default pick is timed too.
 SWEEP = {
@@ -220,7 +220,7 @@ def main() -> None:
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--sweep-fp8", action="store_true", help="sweep the blocks of the fp8 product (T = 1) instead")
     p.add_argument("--sweep-models", nargs="*", default=["8b"], help="models whose products get the block sweep")
-    p.add_argument("--no-fold", nargs="*", default=[], choices=["norm", "add"],
+    p.add_argument("--no-fold", nargs="*", default=[], choices=["norm", "add", "silu"],
                    help="leave these out of the fused product (time the product without them)")
     p.add_argument("--sweep-swap", action="store_true",
                    help="at T >= 2 sweep the swapped-operand dot (weight tile on the left, K split) instead")
