@@ -52,15 +52,14 @@ SWEEP = {
     "gemv_fp8": [(8, 2048, 4), (16, 512, 4), (8, 512, 4), (32, 256, 4), (16, 1024, 8)],
     "gemv_silu_fp8": [(4, 2048, 4), (8, 512, 4), (16, 256, 4), (4, 512, 4), (8, 1024, 8)],
 }
-# (prefetch, num_stages, reduce_each, block_ptr[, swap_ab, norm_inv]): the next tile held in
-# registers, or the compiler's pipelining (plain or block pointers); at T = 1 the K sum once after
-# the loop or every step; at T >= 2 the weight tile as the dot's right or (swap_ab) left operand,
-# and the norm's 1/RMS from each program's own pass or (norm_inv) a small kernel first. The swapped
-# modes split K as pick_config does; the others keep one program per N tile.
+# (prefetch, num_stages, reduce_each, block_ptr[, swap_ab]): the next tile held in registers, or the
+# compiler's pipelining (plain or block pointers); at T = 1 the K sum once after the loop or every
+# step; at T >= 2 the weight tile as the dot's right or (swap_ab) left operand. The swapped modes
+# split K as pick_config does; the others keep one program per N tile. Products are timed through
+# the kernel itself, so a folded norm is each program's own pass (--no-fold norm: without it).
 MODES = {"gemv": [(True, 1, False, False), (True, 1, True, False)],
          "dot": [(True, 1, False, False), (False, 3, False, False), (False, 3, False, True), (False, 4, False, True)],
-         "swap": [(False, 3, False, False, True, False), (False, 4, False, False, True, False),
-                  (False, 3, False, False, True, True)]}
+         "swap": [(False, 3, False, False, True), (False, 4, False, False, True)]}
 SWEEP["swap"] = [(64, 64, 4), (64, 128, 4), (128, 64, 4), (64, 256, 4)]
 SWEEP["swap_silu"] = [(64, 64, 4), (64, 128, 4), (128, 64, 8)]
 
@@ -68,10 +67,10 @@ SWEEP["swap_silu"] = [(64, 64, 4), (64, 128, 4), (128, 64, 8)]
 def make_config(t: int, n: int, k: int, block_n: int, block_k: int, warps: int, mode: tuple) -> lk.Config:
     use_dot = t > 1
     block_k = min(block_k, lk._pow2(k))
-    prefetch, stages, reduce_each, block_ptr, swap_ab, norm_inv = (*mode, False, False)[:6]
+    prefetch, stages, reduce_each, block_ptr, swap_ab = (*mode, False)[:5]
     split, k_per_split = lk.split_k(n, k, block_n, block_k) if swap_ab else (1, -(-k // block_k) * block_k)
     return lk.Config(max(16, lk._pow2(t)) if use_dot else 1, block_n, block_k, split, k_per_split,
-                     use_dot, warps, prefetch, stages, reduce_each, block_ptr, swap_ab, norm_inv)
+                     use_dot, warps, prefetch, stages, reduce_each, block_ptr, swap_ab)
 
 
 def graph_ms_per_call(calls: list, replays: int) -> float:
@@ -196,8 +195,7 @@ def table(rows: list[dict], tbps: float) -> str:
         cells = [f"{r[c]:.1f}" if r.get(c) else "-" for c in cols]
         b = r.get("best_cfg") or r["default"]
         mode = (("pre" if b["prefetch"] else f"st{b['num_stages']}") + ("/red" if b["reduce_each"] else "")
-                + ("/bp" if b.get("block_ptr") else "") + ("/swap" if b.get("swap_ab") else "")
-                + ("/inv" if b.get("norm_inv") else ""))
+                + ("/bp" if b.get("block_ptr") else "") + ("/swap" if b.get("swap_ab") else ""))
         frac = r["weight_mb"] * 1e6 / (r["fused+pdl"] * 1e-6) / (tbps * 1e12) if r.get("fused+pdl") else float("nan")
         lines.append(f"| {r['model']} | {r['layer']} | {r['T']} | {r['weight_mb']:.1f} | " + " | ".join(cells)
                      + f" | {b['block_n']}, {b['block_k']}, {b['num_warps']}, {b['split_k']}, {mode} "

@@ -20,9 +20,9 @@ fed from the compiler's pipelined shared-memory copies) and sums kept transposed
 What is folded in, each a compile-time switch (the reference's `product` is the composition):
   PRE_NORM  x is the residual stream: each program first takes every row's RMS over K (x is a
             few KB, from L2) and normalises x tile by tile, rounded where rms_norm rounds. The
-            separate norm kernel and the normalised copy of x are gone. At T >= 2 that pass
-            costs more than the product, so a one-program-per-row kernel computes the T values
-            of 1/RMS first (`norm_inv`) and every program reads them.
+            separate norm kernel and the normalised copy of x are gone. At T >= 2, where that
+            pass costs more than the swapped product itself, `product` runs the RMSNorm kernel
+            (pointwise_kernel.rms_norm) first instead and the product reads its output.
   SILU      w is [gate | up] (2F rows): a program owns gate rows n and up rows F + n and writes
             silu(gate) * up, never the (T, 2F) product.
   ADD       out = residual + product, the residual stream's add.
@@ -44,6 +44,7 @@ import torch
 from splitserve.accel import HAS_TRITON, pdl_args, triton_op, triton_usable, wrap_triton
 from splitserve.target.native import linear as reference
 from splitserve.target.native.linear import check_args, check_product
+from splitserve.target.native.pointwise_kernel import rms_norm
 
 if HAS_TRITON:
     import triton
@@ -72,11 +73,17 @@ class Config(NamedTuple):
     reduce_each: bool = False  # T = 1: sum over K every step (one running sum per row) or once at the end
     block_ptr: bool = False  # T >= 2 without prefetch: weight tiles through block pointers
     swap_ab: bool = False  # T >= 2: out^T = w @ x^T, so the weight tile is the dot's M side (64+ rows)
-    norm_inv: bool = False  # PRE_NORM: each row's 1/RMS from a small kernel first, not each program's own pass
 
 
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
+
+
+def _swapped(t: int, w_bytes: int) -> bool:
+    """Whether pick_config gives this product the swapped dot: T >= 2 on 2-byte (bf16/fp16)
+    weights. fp8 and float32 weights keep the earlier T >= 2 blocks: the swapped dot was not
+    measured on them."""
+    return t > 1 and w_bytes == 2
 
 
 def pick_config(t: int, n: int, k: int, w_bytes: int, silu: bool = False) -> Config:
@@ -87,16 +94,15 @@ def pick_config(t: int, n: int, k: int, w_bytes: int, silu: bool = False) -> Con
     row tiles are wider and K steps shorter."""
     use_dot = t > 1
     warps, reduce_each = 4, False
-    if use_dot and w_bytes == 2:
+    if _swapped(t, w_bytes):
         # the swapped dot, pipelined by the compiler, K split to fill the SMs (swept at T = 17: an
-        # 8B-class layer's products in 1.06x cuBLAS's time without the norm, 1.9x before); the
-        # norm's 1/RMS comes from a small kernel, since a pass over K in every program cost more
-        # than the product at q|k|v and gate|up
+        # 8B-class layer's products in 1.06x cuBLAS's time without the norm, 1.9x before; `product`
+        # normalises x before it)
         block_k = max(16, min(_pow2(k), 128))
         split, k_per_split = split_k(n, k, 64, block_k)
         return Config(max(16, _pow2(t)), 64, block_k, split, k_per_split, True, 4, prefetch=False, num_stages=3,
-                      swap_ab=True, norm_inv=True)
-    if use_dot:  # fp8 weights: the blocks of the first T = 17 sweep (the swapped dot is not measured on fp8)
+                      swap_ab=True)
+    if use_dot:  # fp8 or float32 weights: the blocks of the first T = 17 sweep
         block_t = max(16, _pow2(t))
         block_k = max(16, min(_pow2(k), 64))
         block_n, warps = 64, 8
@@ -148,9 +154,13 @@ def product(
     norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
     silu: bool = False,
 ) -> torch.Tensor:
-    """`reference.product` (norm, product, SiLU·up, residual add), one kernel on CUDA for T <= 32."""
+    """`reference.product` (norm, product, SiLU·up, residual add), one kernel on CUDA for T <= 32
+    (two with the swapped dot and a norm: the RMSNorm kernel, then the product)."""
     if triton_usable(x) and x.shape[0] <= MAX_TRITON_T:
         check_product(x, w, scale, bias, norm_weight, residual, silu)
+        if norm_weight is not None and _swapped(x.shape[0], w.element_size()):
+            # a pass over K in every program would cost more than the product (T = 17 sweep)
+            x, norm_weight = rms_norm(x, norm_weight, eps), None
         return _op(x, w, scale, bias, norm_weight, residual, float(eps), silu)
     return reference.product(x, w, scale, bias, norm_weight=norm_weight, eps=eps, residual=residual, silu=silu)
 
@@ -192,14 +202,13 @@ if HAS_TRITON:
         tl.store(out_ptr + offs_t[:, None] * N + offs_n[None, :], y, mask=mask)
 
     @triton.jit
-    def _product_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, norm_ptr, inv_ptr, res_ptr, out_ptr,
+    def _product_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, norm_ptr, res_ptr, out_ptr,
                         T, N, K, stride_x, stride_w, k_per_split, eps,
                         BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         USE_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr, PARTIAL: tl.constexpr,
                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, PRE_NORM: tl.constexpr,
                         SILU: tl.constexpr, ADD: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
-                        REDUCE_EACH: tl.constexpr, BLOCK_PTR: tl.constexpr, SWAP_AB: tl.constexpr,
-                        NORM_INV: tl.constexpr):
+                        REDUCE_EACH: tl.constexpr, BLOCK_PTR: tl.constexpr, SWAP_AB: tl.constexpr):
         # Program (n, s): output columns offs_n over K range s. PARTIAL: float32 sums to
         # out (split, T, N or 2N) and the reduce kernel finishes.
         pid_n, pid_k = tl.program_id(0), tl.program_id(1)
@@ -222,9 +231,7 @@ if HAS_TRITON:
         pdl_prologue_done(USE_PDL)
 
         inv = tl.zeros([BLOCK_T], tl.float32)
-        if PRE_NORM and NORM_INV:  # every row's 1/RMS, from _inv_rms_kernel
-            inv = tl.load(inv_ptr + offs_t, mask=t_in, other=0.0)
-        elif PRE_NORM:  # every row's 1/RMS over all of K (x is small and stays in L2)
+        if PRE_NORM:  # every row's 1/RMS over all of K (x is small and stays in L2)
             ss = tl.zeros([BLOCK_T], tl.float32)
             for k0 in range(0, K, BLOCK_K):
                 kk = k0 + tl.arange(0, BLOCK_K)
@@ -315,19 +322,6 @@ if HAS_TRITON:
                       HAS_SCALE, HAS_BIAS, SILU, ADD)
 
     @triton.jit
-    def _inv_rms_kernel(x_ptr, inv_ptr, K, stride_x, eps, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
-        # x (T, K) -> inv (T,) float32 = 1 / sqrt(mean(x^2) + eps), one program per row: the same
-        # float32 sum as the product kernel's own pass
-        pdl_prologue_done(USE_PDL)
-        row = tl.program_id(0)
-        ss = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            xs = tl.load(x_ptr + row * stride_x + kk, mask=kk < K, other=0.0).to(tl.float32)
-            ss += xs * xs
-        tl.store(inv_ptr + row, tl.rsqrt(tl.sum(ss, 0) / K + eps))
-
-    @triton.jit
     def _reduce_kernel(part_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, T, N, SPLIT,
                        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr,
                        HAS_BIAS: tl.constexpr, SILU: tl.constexpr, ADD: tl.constexpr, USE_PDL: tl.constexpr):
@@ -373,20 +367,14 @@ def launch(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None, bias: t
     common = dict(BLOCK_T=cfg.block_t, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_DOT=cfg.use_dot,
                   DOT_PRECISION=precision, PRE_NORM=norm_weight is not None, num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages, PREFETCH=cfg.prefetch,
-                  REDUCE_EACH=cfg.reduce_each, BLOCK_PTR=cfg.block_ptr, SWAP_AB=cfg.swap_ab and cfg.use_dot,
-                  NORM_INV=cfg.norm_inv)
+                  REDUCE_EACH=cfg.reduce_each, BLOCK_PTR=cfg.block_ptr, SWAP_AB=cfg.swap_ab and cfg.use_dot)
     norm = norm_weight if norm_weight is not None else dummy
-    inv = dummy
-    if norm_weight is not None and cfg.norm_inv:
-        inv = torch.empty(t, dtype=torch.float32, device=x.device)
-        wrap_triton(_inv_rms_kernel)[(t,)](x, inv, k, x.stride(0), eps, BLOCK_K=min(_pow2(k), 1024),
-                                           **pdl_args(x, pdl))
     if cfg.split_k == 1:
-        wrap_triton(_product_kernel)[(n_tiles, 1)](x, w, *ptrs, norm, inv, res, out, t, n, k, x.stride(0), w.stride(0),
+        wrap_triton(_product_kernel)[(n_tiles, 1)](x, w, *ptrs, norm, res, out, t, n, k, x.stride(0), w.stride(0),
                                                    cfg.k_per_split, eps, PARTIAL=False, **flags, **common)
         return out
     part = torch.empty(cfg.split_k, t, 2 * n if silu else n, dtype=torch.float32, device=x.device)
-    wrap_triton(_product_kernel)[(n_tiles, cfg.split_k)](x, w, *ptrs, norm, inv, res, part, t, n, k, x.stride(0),
+    wrap_triton(_product_kernel)[(n_tiles, cfg.split_k)](x, w, *ptrs, norm, res, part, t, n, k, x.stride(0),
                                                          w.stride(0), cfg.k_per_split, eps, PARTIAL=True, **flags,
                                                          **common)
     wrap_triton(_reduce_kernel)[(n_tiles,)](part, *ptrs, res, out, t, n, cfg.split_k, BLOCK_T=cfg.block_t,
