@@ -45,6 +45,7 @@ from splitserve.loading import load_models
 from splitserve.speculative.engine import Engine, SamplingParams
 from splitserve.target.eos import eos_ids
 from splitserve.target.graphs import StepGraphs
+from splitserve.target.native.decoder import PRODUCTS
 
 
 def time_graph(fn, iters: int, device: torch.device) -> float:
@@ -199,7 +200,7 @@ def main() -> None:
                     help="EngineConfig.decoder: the target forward of the engine's steps")
     ap.add_argument("--weight-format", default=EngineConfig.weight_format, choices=("model", "fp8"),
                     help="EngineConfig.weight_format (fp8: weight-only FP8, native decoder, not lossless)")
-    ap.add_argument("--native-products", default=EngineConfig.native_products, choices=["fused", "triton", "cublas"],
+    ap.add_argument("--native-products", default=EngineConfig.native_products, choices=PRODUCTS,
                     help="EngineConfig.native_products")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

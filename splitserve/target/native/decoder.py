@@ -45,8 +45,9 @@ from splitserve.target.native.weights import Layer, Linear
 
 # Up to how many tokens a forward runs the fused layer, per `products` setting; longer ones (a
 # verify block, a prefill) run the cuBLAS layer. On an H200 the fused T = 1 layer beats cuBLAS
-# (its products stream at 80-92% of the copy bandwidth, PDL hides the launches), while at T = 17
-# the Triton product reaches about half of cuBLAS's bandwidth (docs/results/engine_h200.md).
+# (its products stream at 80-92% of the copy bandwidth, PDL hides the launches); at T = 17 the
+# Triton products come within 6% of cuBLAS's, but a whole verify on them is not measured yet, so
+# "fused" keeps cuBLAS there (docs/results/engine_h200.md).
 FUSED_MAX_T = {"fused": 1, "triton": 32, "cublas": 0}
 PRODUCTS = tuple(FUSED_MAX_T)
 
