@@ -138,7 +138,7 @@ tpot)
         grep "^|" "$WORK/bench_$variant.log" || tail -n 20 "$WORK/bench_$variant.log"
     done
     python3 bench/fp8_agreement.py --out "$dest/fp8_agreement_gpu.json" --sets "$WORK/heldout_regen.jsonl" \
-        humaneval mtbench --num-prompts 16 --max-tokens 256 --device cuda --dtype bfloat16 \
+        humaneval mtbench --num-prompts 12 --max-tokens 256 --device cuda --dtype bfloat16 \
         > "$WORK/fp8_agreement.log" 2>&1 || echo "fp8_agreement: exit $?"
     tail -n 8 "$WORK/fp8_agreement.log"
     ;;
