@@ -1,7 +1,8 @@
 """Where a speculative round's time goes on the GPU, and how idle the GPU is inside it.
 
     python bench/round_profile.py --draft RUN_OR_EXPORT --prompts HELDOUT.jsonl --out profile.json \
-        [--num-prompts 8] [--max-tokens 128] [--max-context 1024] [--min-window 256] [--compile]
+        [--num-prompts 8] [--max-tokens 128] [--max-context 1024] [--min-window 256] [--compile] \
+        [--markov-topk K] [--no-markov-kernel]
 
 1. Component costs, each captured as its own CUDA graph and replayed back to back (CUDA events)
    at the first prompt's length and attention window: t_decode (the engine's AR step), t_draft
@@ -85,7 +86,7 @@ def component_costs(engine: Engine, prompt: list[int], iters: int) -> dict:
     def draft_only():
         p = e.seq_len
         tok, _, _ = e.draft.draft(e.ctx.window(w), e.anchor, p, 0.0, e.generator, ctx_mask=e.ctx.block_mask(p, w),
-                                  markov_topk=e.cfg.markov_topk)
+                                  markov_topk=e.cfg.markov_topk, markov_kernel=e.cfg.markov_kernel)
         d_out.copy_(tok)
 
     def verify_only():  # the target on [x_p, d_1..d_γ] at p..p+γ (writes cache slots the next round overwrites)
@@ -196,6 +197,8 @@ def main() -> None:
                     help="EngineConfig.min_window (0: attend to the whole cache every step)")
     ap.add_argument("--markov-topk", type=int, default=EngineConfig.markov_topk,
                     help="EngineConfig.markov_topk (0: the exact Markov stage)")
+    ap.add_argument("--no-markov-kernel", dest="markov_kernel", action="store_false", default=EngineConfig.markov_kernel,
+                    help="EngineConfig.markov_kernel=False: the exact Markov stage as the PyTorch loop (A/B)")
     ap.add_argument("--decoder", default=EngineConfig.decoder, choices=("auto", "native", "hf"),
                     help="EngineConfig.decoder: the target forward of the engine's steps")
     ap.add_argument("--weight-format", default=EngineConfig.weight_format, choices=("model", "fp8"),
@@ -222,12 +225,14 @@ def main() -> None:
         prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
         params = SamplingParams(max_tokens=args.max_tokens, eos_ids=eos_ids(target))
     engine = Engine(target, draft, EngineConfig(max_context=args.max_context, min_window=args.min_window,
-                                                markov_topk=args.markov_topk, decoder=args.decoder,
-                                                weight_format=args.weight_format, native_products=args.native_products,
+                                                markov_topk=args.markov_topk, markov_kernel=args.markov_kernel,
+                                                decoder=args.decoder, weight_format=args.weight_format,
+                                                native_products=args.native_products,
                                                 compile_backend="inductor" if args.compile else None))
     on_gpu = engine.device.type == "cuda"
     res = {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
            "compile": args.compile, "min_window": args.min_window, "markov_topk": args.markov_topk,
+           "markov_kernel": args.markov_kernel,
            "decoder": type(engine.target).__name__, "weight_format": args.weight_format,
            "native_products": args.native_products,
            "gamma": engine.gamma, "max_context": engine.max_context, "draft": args.draft or "untrained",

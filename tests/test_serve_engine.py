@@ -79,9 +79,10 @@ def _oracle(draft, truth: list[int], prompt_len: int, corrupt_every: int):
     rounds accept 0..γ tokens: exercises long accepts, partial accepts and the bonus."""
     real = draft.draft
 
-    def fake(ctx_kv, anchor_id, anchor_pos, temperature=0.0, generator=None, ctx_mask=None, markov_topk=0):
+    def fake(ctx_kv, anchor_id, anchor_pos, temperature=0.0, generator=None, ctx_mask=None, markov_topk=0,
+             markov_kernel=True):
         tokens, _, conf = real(ctx_kv, anchor_id, anchor_pos, temperature, generator, ctx_mask=ctx_mask,
-                               markov_topk=markov_topk)
+                               markov_topk=markov_topk, markov_kernel=markov_kernel)
         start = int(anchor_pos) - prompt_len + 1  # index in `truth` of the token after the anchor
         for k in range(len(tokens)):
             i = start + k

@@ -85,9 +85,10 @@ def check_draft_ties(draft):
 
     real = draft.draft
 
-    def checked(ctx_kv, anchor_id, anchor_pos, temperature=0.0, generator=None, ctx_mask=None, markov_topk=0):
+    def checked(ctx_kv, anchor_id, anchor_pos, temperature=0.0, generator=None, ctx_mask=None, markov_topk=0,
+                markov_kernel=True):
         tokens, probs, conf = real(ctx_kv, anchor_id, anchor_pos, temperature, generator, ctx_mask=ctx_mask,
-                                   markov_topk=markov_topk)
+                                   markov_topk=markov_topk, markov_kernel=markov_kernel)
         if temperature <= 0:
             pos = (anchor_pos + torch.arange(draft.arch.block_size, device=anchor_id.device))[None]
             with torch.no_grad():

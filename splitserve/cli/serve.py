@@ -33,6 +33,9 @@ def _models_args(f: Flags) -> None:
     f.add(EngineConfig, "markov_topk", "--markov-topk", type=int,
           help="greedy rounds: run the Markov stage over each position's K best backbone candidates "
                "(output unchanged, τ may drop); 0: the exact stage over the whole vocab")
+    f.add(EngineConfig, "markov_kernel", "--no-markov-kernel", action="store_false",
+          help="run the exact greedy Markov stage as the PyTorch loop instead of one Triton launch per "
+               "draft position (for A/B measurement)")
     f.add(EngineConfig, "decoder", "--decoder", choices=["auto", "native", "hf"],
           help="the target forward of the engine: native (Llama/Mistral/Qwen2/Qwen3: fused kernels) | hf "
                "(transformers) | auto (native where it serves the target)")

@@ -56,6 +56,10 @@ class EngineConfig:
     # ranks far lower, so with a trained draft the τ lost outweighed the time saved
     # (docs/results/engine_h200.md). 0: exact.
     markov_topk: int = 0
+    # The exact greedy stage of a vanilla Markov head as one Triton launch per draft position
+    # (models/markov_step_kernel.py) instead of 3-4. False: the PyTorch loop, kept for A/B
+    # measurement (same tokens but at near ties of one ulp; output is the target's either way).
+    markov_kernel: bool = True
     # Keep each round's confidences c_1..c_γ in GenStats.confidences (STS calibration data for
     # held-out evaluation): one more small device copy and host read per round. Off for serving.
     record_confidence: bool = False

@@ -174,6 +174,7 @@ class DSparkDraft(nn.Module):
         generator: torch.Generator | None = None,
         ctx_mask: torch.Tensor | None = None,
         markov_topk: int = 0,
+        markov_kernel: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Draft γ tokens after the anchor.
 
@@ -186,6 +187,9 @@ class DSparkDraft(nn.Module):
         markov_topk: greedy only; K > 0 runs the Markov stage over each position's K best
         backbone candidates (models/candidate_chain.py: a few launches instead of 3 per
         position; identical tokens whenever each argmax lies among them). 0: the exact stage.
+        markov_kernel: greedy exact stage with a vanilla head: one launch per position
+        (models/markov_step_kernel.py; the loop's tokens but at a near tie of one ulp). False:
+        the loop, for A/B measurement.
         Returns tokens (γ,), draft probabilities (γ, V) at this temperature (None when greedy),
         confidence c_k (γ,) or None.
         """
@@ -198,6 +202,11 @@ class DSparkDraft(nn.Module):
             return self._finish(h, anchor_id, base.argmax(-1), None)
         if temperature <= 0 and 0 < markov_topk < base.shape[-1] and supports_candidates(self.markov):
             return self._finish(h, anchor_id, candidate_chain(self.markov, base, h, anchor_id, markov_topk), None)
+        if temperature <= 0 and markov_kernel and self.markov.gate is None and self.markov.joint is None:
+            from splitserve.models.markov_step_kernel import markov_greedy_chain  # Triton on CUDA, else the reference
+
+            tokens = markov_greedy_chain(base, self.markov.w1.weight, self.markov.w2.weight, anchor_id)
+            return self._finish(h, anchor_id, tokens, None)
         tokens = anchor_id.new_empty(gamma)
         probs = [] if temperature > 0 else None
         prev = anchor_id.view(1)

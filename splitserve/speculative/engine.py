@@ -175,6 +175,7 @@ class Engine:
         d_tok, d_prob, conf = self.draft.draft(
             self.ctx.window(window), self.anchor, p, temperature, self.generator,
             ctx_mask=self.ctx.block_mask(p, window), markov_topk=self.cfg.markov_topk,
+            markov_kernel=self.cfg.markov_kernel,
         )  # (γ,), (γ, V) | None, (γ,) | None
         pos = p + self._offsets  # (γ+1,)
         verify_in = torch.cat([self.anchor.view(1), d_tok])  # (γ+1,): x_p, d_1..d_γ
