@@ -33,8 +33,8 @@ def stage_inputs(vocab: int, rank: int, gamma: int, device: str) -> dict:
     bf16 = dict(dtype=torch.bfloat16)
     return {
         "base": torch.randn(gamma, vocab, generator=g).mul(2.0).to(device, **bf16),  # (γ, V) backbone logits
-        "w1": torch.randn(vocab, rank, generator=g).mul(0.05).to(device, **bf16),  # (V, r)
-        "w2": torch.randn(vocab, rank, generator=g).mul(0.05).to(device, **bf16),  # (V, r)
+        "w1": torch.randn(vocab, rank, generator=g).mul(0.25).to(device, **bf16),  # (V, r)
+        "w2": torch.randn(vocab, rank, generator=g).mul(0.25).to(device, **bf16),  # (V, r)
         "anchor_id": torch.tensor(11, device=device),
     }
 
