@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 from roles_gpu import RANDOM_SHAPES
+from round_profile import time_graph
 
 from splitserve.models.markov_step_kernel import markov_greedy_chain, markov_greedy_chain_reference
-from splitserve.target.graphs import StepGraphs
 
 
 def stage_inputs(vocab: int, rank: int, gamma: int, device: str) -> dict:
@@ -40,19 +40,11 @@ def stage_inputs(vocab: int, rank: int, gamma: int, device: str) -> dict:
 
 
 def replay_ms(fn, iters: int) -> tuple[float, int]:
-    """ms per replay of fn's CUDA graph (back to back), and the kernels one replay launches."""
-    graphs = StepGraphs(True, torch.device("cuda"))
-    graphs.prepare("k", fn)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graphs.run("k", fn)
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / iters
+    """ms per replay of fn's CUDA graph (back to back), and the kernels one call launches (the
+    graph replays the same launches)."""
+    ms = time_graph(fn, iters, torch.device("cuda"))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        graphs.run("k", fn)
+        fn()
         torch.cuda.synchronize()
     kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     return ms, kernels

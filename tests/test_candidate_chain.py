@@ -8,7 +8,7 @@ from splitserve.config import EngineConfig
 from splitserve.models.candidate_chain import chain_argmax_reference, supports_candidates
 from splitserve.speculative.decode import target_decode
 from splitserve.speculative.engine import Engine, SamplingParams
-from tests.tiny import VOCAB, tiny_draft, tiny_target
+from tests.tiny import VOCAB, tiny_draft, tiny_draft_round, tiny_target
 
 
 def test_chain_follows_the_transition_row_of_the_previous_choice():
@@ -24,16 +24,6 @@ def test_chain_follows_the_transition_row_of_the_previous_choice():
     assert chain_argmax_reference(torch.ones(3), torch.ones(2, 3), torch.zeros(2, 3, 3)).tolist() == [0, 0, 0]
 
 
-def _round_inputs(seed: int, head: str, gamma: int = 6):
-    target = tiny_target(seed=seed)
-    draft = tiny_draft(target, block_size=gamma, markov_rank=8, markov_head_type=head).eval()
-    torch.nn.init.normal_(draft.markov.w2.weight, std=1.5)  # a bias strong enough to reorder tokens
-    ids = torch.randint(0, VOCAB - 1, (1, 14), generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        ctx = draft.context_kv(target.capture(ids).aux[:, :13], torch.arange(13)[None])
-    return draft, ctx, ids[0, 13]
-
-
 def _exact_stage_logits(draft, ctx, anchor, tokens):
     """U_k + B(x_{k-1}) of a round at position 13 whose previous tokens are [anchor, tokens..]."""
     with torch.no_grad():
@@ -44,7 +34,7 @@ def _exact_stage_logits(draft, ctx, anchor, tokens):
 @pytest.mark.parametrize("head", ["vanilla", "gated"])
 def test_all_candidates_give_the_exact_stage(head):
     for seed in range(4):
-        draft, ctx, anchor = _round_inputs(seed, head)
+        draft, ctx, anchor = tiny_draft_round(seed, head)
         exact, _, conf = draft.draft(ctx, anchor, 13)
         full, _, conf_full = draft.draft(ctx, anchor, 13, markov_topk=VOCAB - 1)  # every token but one
         # The chain adds the bias in other products than the exact stage: tie-free, so exact.
@@ -55,7 +45,7 @@ def test_all_candidates_give_the_exact_stage(head):
 
 @pytest.mark.parametrize("head", ["vanilla", "gated"])
 def test_few_candidates_stay_inside_each_positions_top_k_and_follow_the_bias(head):
-    draft, ctx, anchor = _round_inputs(7, head)
+    draft, ctx, anchor = tiny_draft_round(7, head)
     with torch.no_grad():
         pos = torch.arange(13, 19)[None]
         h = draft.backbone(draft.block_inputs(anchor.view(1)), pos, ctx, None)[0]
@@ -74,7 +64,7 @@ def test_few_candidates_stay_inside_each_positions_top_k_and_follow_the_bias(hea
 
 
 def test_heads_that_carry_a_state_keep_the_exact_stage():
-    draft, ctx, anchor = _round_inputs(3, "rnn")
+    draft, ctx, anchor = tiny_draft_round(3, "rnn")
     assert not supports_candidates(draft.markov)
     exact, _, _ = draft.draft(ctx, anchor, 13)
     # bit-equal: both calls run the exact stage, the same ops on the same shapes

@@ -16,7 +16,7 @@ from splitserve.config import EngineConfig
 from splitserve.models.markov_step_kernel import markov_greedy_chain_reference
 from splitserve.speculative.decode import target_decode
 from splitserve.speculative.engine import Engine, SamplingParams
-from tests.tiny import VOCAB, tiny_draft, tiny_target
+from tests.tiny import VOCAB, tiny_draft, tiny_draft_round, tiny_target
 
 kern, DEV = kernel_module("splitserve.models.markov_step_kernel", "_markov_step_kernel")
 pytestmark = pytest.mark.usefixtures("triton_numpy_fix")
@@ -144,19 +144,9 @@ def test_tile_fits_rank():
 # ---- the draft: the kernel's stage against the loop ---------------------------------------
 
 
-def _round(seed: int, head: str = "vanilla", gamma: int = 6):
-    target = tiny_target(seed=seed)
-    draft = tiny_draft(target, block_size=gamma, markov_rank=8, markov_head_type=head).eval()
-    torch.nn.init.normal_(draft.markov.w2.weight, std=1.5)  # a bias strong enough to reorder tokens
-    ids = torch.randint(0, VOCAB - 1, (1, 14), generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        ctx = draft.context_kv(target.capture(ids).aux[:, :13], torch.arange(13)[None])
-    return draft, ctx, ids[0, 13]
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_draft_with_the_kernel_stage_equals_the_loop(seed):
-    draft, ctx, anchor = _round(seed)
+    draft, ctx, anchor = tiny_draft_round(seed)
     loop, _, conf_loop = draft.draft(ctx, anchor, 13, markov_kernel=False)
     # Off CUDA the dispatcher runs the reference: the loop's ops on the loop's shapes, bit-equal.
     fused, probs, conf = draft.draft(ctx, anchor, 13, markov_kernel=True)
@@ -174,7 +164,7 @@ def test_draft_through_the_kernel_itself_equals_the_loop(monkeypatch):
 
     monkeypatch.setattr(kern, "markov_greedy_chain", kernel_stage)
     for seed in range(3):
-        draft, ctx, anchor = _round(seed)
+        draft, ctx, anchor = tiny_draft_round(seed)
         loop, _, conf_loop = draft.draft(ctx, anchor, 13, markov_kernel=False)
         with torch.no_grad():
             h = draft.backbone(draft.block_inputs(anchor.view(1)), torch.arange(13, 19)[None], ctx, None)[0]
@@ -191,11 +181,11 @@ def test_heads_whose_latent_needs_more_than_the_previous_token_keep_the_loop(hea
         raise AssertionError("the fused stage serves vanilla heads only")
 
     monkeypatch.setattr(kern, "markov_greedy_chain", refuse)
-    draft, ctx, anchor = _round(1, head)
+    draft, ctx, anchor = tiny_draft_round(1, head)
     tokens, _, _ = draft.draft(ctx, anchor, 13)
     assert tokens.tolist() == draft.draft(ctx, anchor, 13, markov_kernel=False)[0].tolist()
     # A vanilla head: sampling keeps the loop too, and the greedy round does reach the patch.
-    draft, ctx, anchor = _round(1)
+    draft, ctx, anchor = tiny_draft_round(1)
     draft.draft(ctx, anchor, 13, temperature=1.0, generator=torch.Generator().manual_seed(0))
     with pytest.raises(AssertionError, match="vanilla heads only"):
         draft.draft(ctx, anchor, 13)

@@ -40,6 +40,18 @@ def tiny_draft(target, block_size: int = 4, markov_rank: int = 8, layers: int = 
     return build_draft(arch, target)
 
 
+def tiny_draft_round(seed: int, head: str = "vanilla", gamma: int = 6):
+    """A tiny draft whose Markov bias is strong enough to reorder tokens, and one round's inputs at
+    position 13 of a random sequence -> (draft, context K/V, anchor id ())."""
+    target = tiny_target(seed=seed)
+    draft = tiny_draft(target, block_size=gamma, markov_rank=8, markov_head_type=head).eval()
+    torch.nn.init.normal_(draft.markov.w2.weight, std=1.5)
+    ids = torch.randint(0, VOCAB - 1, (1, 14), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        ctx = draft.context_kv(target.capture(ids).aux[:, :13], torch.arange(13)[None])
+    return draft, ctx, ids[0, 13]
+
+
 def save_tiny_smol(out, seed: int = 0, layers: int = 4):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
