@@ -202,7 +202,7 @@ class DSparkDraft(nn.Module):
             return self._finish(h, anchor_id, base.argmax(-1), None)
         if temperature <= 0 and 0 < markov_topk < base.shape[-1] and supports_candidates(self.markov):
             return self._finish(h, anchor_id, candidate_chain(self.markov, base, h, anchor_id, markov_topk), None)
-        if temperature <= 0 and markov_kernel and self.markov.gate is None and self.markov.joint is None:
+        if temperature <= 0 and markov_kernel and self.markov.kind == "vanilla":
             from splitserve.models.markov_step_kernel import markov_greedy_chain  # Triton on CUDA, else the reference
 
             tokens = markov_greedy_chain(base, self.markov.w1.weight, self.markov.w2.weight, anchor_id)

@@ -116,7 +116,7 @@ if HAS_TRITON:
         keys = torch.full((gamma,), torch.iinfo(torch.int64).min, dtype=torch.int64, device=base.device)  # (γ,)
         block_v, rb, warps = tile(rank)
         grid = (triton.cdiv(vocab, block_v),)
+        launch = dict(R=rank, BLOCK_V=block_v, RB=rb, num_warps=warps, **pdl_args(base))  # the same for every k
         for k in range(gamma):
-            wrap_triton(_markov_step_kernel)[grid](base, w1, w2, anchor_id, keys, k, vocab, R=rank, BLOCK_V=block_v,
-                                                   RB=rb, num_warps=warps, **pdl_args(base))
+            wrap_triton(_markov_step_kernel)[grid](base, w1, w2, anchor_id, keys, k, vocab, **launch)
         return 2147483647 - (keys & 0xFFFFFFFF)  # (γ,): the index from each low word
