@@ -84,7 +84,7 @@ def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
     rec = recipe(args)
     settings = {
         "target.dtype": "bfloat16" if cuda else "float32", "target.device": args.device,
-        "target.capture_graphs": args.capture_graphs, "draft.num_layers": rec["num_layers"],
+        "draft.num_layers": rec["num_layers"],
         "data.train_path": args.data, "data.heldout_prompts": args.prompts, "data.max_length": rec["max_length"],
         "train.seed": getattr(args, "seed", TrainConfig.seed), "train.max_steps": args.max_steps,
         "train.max_minutes": args.minutes, "train.batch_size": rec["batch_size"],
@@ -96,6 +96,10 @@ def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
         "eval.extra_temperatures": [1.0], "eval.compare_untrained": False, "eval.prompt_sets": list(args.prompt_sets),
         "eval.regenerate_history": args.regenerate_history, "run_dir": str(run_dir),
     }
+    if args.capture_graphs is not None:  # else the config's default: on for a target on CUDA
+        settings["target.capture_graphs"] = args.capture_graphs
+    if args.group_tokens is not None:
+        settings["target.capture_group_tokens"] = args.group_tokens
     overrides = [f"draft={draft}", f"loss={loss}", *(f"{k}={_value(v)}" for k, v in settings.items())]
     cfg = compose(overrides)
     markov_rank = getattr(args, "markov_rank", None)
@@ -329,7 +333,10 @@ def main() -> None:
     t.add_argument("--save-every", type=int, default=50)
     t.add_argument("--log-every", type=int, default=25)
     t.add_argument("--device", default="cuda")
-    t.add_argument("--capture-graphs", action="store_true", help="target.capture_graphs=true (target/bucketed.py)")
+    t.add_argument("--capture-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="target.capture_graphs (target/bucketed.py); default: the config's (on for CUDA)")
+    t.add_argument("--group-tokens", type=int, default=None,
+                   help="target.capture_group_tokens: a length bucket's samples per capture forward, in tokens")
     t.add_argument("--runs", nargs="+", default=None, metavar="DRAFT:LOSS",
                    help="train only these runs, e.g. dspark_b16:prefix (default: the 2x2 grid and the four DFlash "
                         "baselines; dspark_b16_gated:prefix and dspark_b16_rnn:prefix on request; fewer runs share the "

@@ -12,7 +12,8 @@
 # Sizing (environment): GEN_ROWS rows of each source, GEN_SECONDS for the sampled job, HELDOUT_ROWS
 # held-out conversations; RUNS (DRAFT:LOSS ...), NUM_PROMPTS per held-out set and ANCHORS for train;
 # EVAL_SECONDS for eval, STEP to measure every run at that checkpoint instead of S* (to pair a run
-# with one of an earlier sweep on the same data and seed).
+# with one of an earlier sweep on the same data and seed), CURVE=1 to also measure the greedy
+# τ-vs-tokens points (checkpoints at about S*/3 and 2S*/3).
 # Work lives in $WORK (default /tmp/recipe); results are copied to $OUT when it is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -112,7 +113,7 @@ eval)
     # has its eval.json, and `splitserve report` can be rerun on the unpacked sweep anywhere.
     for seed in "$@"; do
         timeout "${EVAL_SECONDS:-100000}" python3 bench/ablation_gpu.py eval --root "$WORK/seed$seed" --engine \
-            --no-exact --no-curve ${STEP:+--step "$STEP"} > "$WORK/eval_seed$seed.log" 2>&1 &
+            --no-exact $([ -n "${CURVE:-}" ] || echo --no-curve) ${STEP:+--step "$STEP"} > "$WORK/eval_seed$seed.log" 2>&1 &
     done
     wait || true
     for seed in "$@"; do tail -n 60 "$WORK/eval_seed$seed.log"; done

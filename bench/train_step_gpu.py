@@ -1,9 +1,10 @@
 """Where one in-process training step's time goes (the ablation recipe), SmolLM2 shape, random weights.
 
-    python bench/train_step_gpu.py [--gamma 8 16] [--batch 8] [--anchors 64] [--capture-graphs] [--out FILE]
+    python bench/train_step_gpu.py [--gamma 8 16] [--batch 8] [--anchors 64] [--capture-graphs]
+        [--group-tokens 4096] [--out FILE]
 
 One step of `splitserve train` with the target in-process, split into its phases and timed
-with a device sync after each: target capture (one forward per sample, as TargetSource does),
+with a device sync after each: target capture (TargetSource: one forward per sample, or one per bucket group with --group-tokens),
 collate (records -> padded batch on the device), anchor planning, draft forward + loss,
 backward, optimiser step. Then the whole step under torch.profiler: GPU busy time against wall
 time says whether the step is bound by the GPU or by the host. Sequence lengths follow the
@@ -49,12 +50,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--capture-graphs", action="store_true", help="bucketed CUDA-graph captures (target/bucketed.py)")
+    ap.add_argument("--group-tokens", type=int, default=0,
+                    help="with --capture-graphs: a bucket's samples share a forward, this many tokens' worth")
+    ap.add_argument("--compile-loss", action="store_true",
+                    help="probe: torch.compile(dynamic=True) around the loss (train/losses.compute_loss)")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer target, for a quick CPU check of the script")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from transformers import LlamaForCausalLM
 
     dev = torch.device(args.device)
+    if args.compile_loss:
+        import splitserve.train.step as train_step
+
+        train_step.compute_loss = torch.compile(train_step.compute_loss, dynamic=True)
     cfg = smollm2_shape()
     if args.tiny:
         cfg.num_hidden_layers, cfg.vocab_size = 4, 2048
@@ -63,10 +72,12 @@ def main() -> None:
         model = LlamaForCausalLM(cfg).to(dtype).eval()
     target = wrap_hf_model(model, TargetConfig(name="smollm2-shape", dtype=str(dtype).removeprefix("torch."),
                                                device=args.device, num_capture_layers=5 if not args.tiny else 2))
-    source = TargetSource(target, samples(args.batch * args.steps, cfg.vocab_size), bucketed=args.capture_graphs)
+    source = TargetSource(target, samples(args.batch * args.steps, cfg.vocab_size), bucketed=args.capture_graphs,
+                          group_tokens=args.group_tokens)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     results = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "batch": args.batch,
-               "capture_graphs": args.capture_graphs,
+               "capture_graphs": args.capture_graphs, "group_tokens": args.group_tokens,
+               "compile_loss": args.compile_loss,
                "anchors_per_seq": args.anchors, "draft_layers": args.layers}
     for gamma in args.gamma:
         torch.manual_seed(0)

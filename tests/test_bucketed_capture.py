@@ -50,14 +50,18 @@ def test_sample_longer_than_the_largest_bucket_runs_at_its_own_length():
 def test_graph_replay_equals_eager_capture_on_gpu():
     target = tiny_target()
     target.model.cuda()
-    graphed = BucketedCapture(target, max_len=256)
-    eager = BucketedCapture(target, max_len=256, use_graphs=False)
-    for n in (7, 50, 64, 100, 7):  # the second 7 replays an existing graph
-        ids = torch.randint(target.info.vocab_size, (n,))
-        a, b = graphed(ids), eager(ids)
-        assert graphed.graphs.enabled
-        torch.testing.assert_close(a.aux, b.aux)
-        torch.testing.assert_close(a.final, b.final)
+    for group_tokens in (0, 256):
+        graphed = BucketedCapture(target, max_len=256, group_tokens=group_tokens)
+        eager = BucketedCapture(target, max_len=256, use_graphs=False, group_tokens=group_tokens)
+        for n in (7, 50, 64, 100, 7):  # the second 7 replays an existing graph
+            ids = torch.randint(target.info.vocab_size, (n,))
+            a, b = graphed(ids), eager(ids)
+            assert graphed.graphs.enabled
+            torch.testing.assert_close(a.aux, b.aux)
+            torch.testing.assert_close(a.final, b.final)
+        many = [torch.randint(target.info.vocab_size, (n,)) for n in (7, 50, 64, 100, 30)]
+        for a, b in zip(graphed.capture_many(many), eager.capture_many(many)):
+            torch.testing.assert_close(a.aux, b.aux)
 
 
 def test_capture_graphs_default_is_on_for_cuda_only():
@@ -72,3 +76,35 @@ def test_capture_graphs_default_is_on_for_cuda_only():
     assert not use_capture_graphs(TargetConfig(capture_graphs=False), cuda)
     with pytest.raises(ValueError, match="transformers backend"):
         use_capture_graphs(TargetConfig(backend="sglang", capture_graphs=True), cuda)
+
+
+def test_grouped_records_equal_unpadded_records():
+    """Samples of one bucket share a forward (group_tokens // L rows); each record still equals
+    the sample's own unpadded capture, whatever the other rows hold."""
+    target = tiny_target()
+    lengths = [5, 40, 63, 64, 65, 70, 100, 130, 200, 3]
+    samples = _samples(lengths, target.info.vocab_size)
+    order = list(range(len(samples)))
+    plain = TargetSource(target, samples).get(order)
+    grouped = TargetSource(target, samples, bucketed=True, group_tokens=256)
+    assert [grouped.bucketed.rows(n) for n in (64, 128, 256, 512)] == [4, 2, 1, 1]
+    for got in (grouped.get(order), grouped.get(order[::-1])[::-1], [grouped.get([i])[0] for i in order]):
+        for a, b, n in zip(plain, got, lengths):
+            assert b.sample_id == a.sample_id and b.aux.shape == a.aux.shape == (n, a.aux.shape[-1])
+            torch.testing.assert_close(b.aux, a.aux, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(b.final, a.final, rtol=1e-5, atol=1e-5)
+
+
+def test_group_rows_fill_each_bucket_forward():
+    """Forwards per bucket: ceil(samples / rows); a longer-than-any-bucket sample runs alone."""
+    target = tiny_target()
+    calls = []
+    capture = target.capture
+    target.capture = lambda ids, *a, **k: calls.append(tuple(ids.shape)) or capture(ids, *a, **k)
+    cap = BucketedCapture(target, max_len=128, use_graphs=False, group_tokens=256)
+    ids = [torch.randint(target.info.vocab_size, (n,)) for n in (10, 20, 30, 40, 50, 100, 300)]
+    out = cap.capture_many(ids)
+    assert [o.aux.shape[1] for o in out] == [10, 20, 30, 40, 50, 100, 300]
+    assert sorted(calls) == sorted([(4, 64), (4, 64), (2, 128), (1, 300)])
+    with pytest.raises(ValueError, match="group_tokens"):
+        BucketedCapture(target, max_len=128, group_tokens=-1)

@@ -29,6 +29,10 @@ class TargetConfig:
     # when the target runs on CUDA, where it removes most of a step's host time
     # (docs/results/train_step_h200.md); off on CPU, where padding only adds work.
     capture_graphs: bool | None = None
+    # With capture_graphs: samples of one length bucket L share a forward, group_tokens // L of
+    # them (at least one), so a batch costs one graph replay per bucket instead of one per
+    # sample. 0: one sample per forward.
+    capture_group_tokens: int = 2048
     # sglang backend: share of the GPU SGLang may take for the target's weights and KV pool (the
     # draft trains on the same GPU).
     sglang_mem_fraction: float = 0.4

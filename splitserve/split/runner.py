@@ -13,6 +13,7 @@ within `split.stale_after_s` naming the failed rank and its role.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -216,21 +217,25 @@ def _target_rank(
     last_publish = 0.0
     stop = start if finished else cfg.train.max_steps
     try:
-        for _, j, sample in routing.producer_items(t_index, start, stop):
+        # One step's samples of this rank are captured together (a bucketed capture runs a
+        # length bucket's samples in one forward), then sent in the routing's order.
+        for _, items in itertools.groupby(routing.producer_items(t_index, start, stop), key=lambda it: it[0]):
+            items = list(items)
             tc = time.perf_counter()
-            record = source.get([sample])[0]
+            records = source.get([sample for _, _, sample in items])
             if place.device.type == "cuda":
                 # The capture's stream only: a whole-device synchronize would also wait for this
                 # rank's NCCL payload sends in flight, i.e. for their consumers to post receives.
                 torch.cuda.current_stream(place.device).synchronize()
             counters.capture_s += time.perf_counter() - tc
-            fan.channels[j].send(record)
-            counters.samples += 1
-            counters.tokens += record.num_tokens
-            now = time.perf_counter()
-            if now - last_publish > 0.5:
-                _publish(watchdog, fan, counters, now - t0, place.device)
-                last_publish = now
+            for (_, j, _), record in zip(items, records):
+                fan.channels[j].send(record)
+                counters.samples += 1
+                counters.tokens += record.num_tokens
+                now = time.perf_counter()
+                if now - last_publish > 0.5:
+                    _publish(watchdog, fan, counters, now - t0, place.device)
+                    last_publish = now
     except ConsumerStopped:
         pass  # the trainers finished early (time budget); close() below ends every stream
     fan.close()

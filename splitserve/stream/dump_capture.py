@@ -28,7 +28,8 @@ def run_dump(cfg: RunConfig, target: CaptureTarget | None = None) -> Path:
     samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples,
                                   load_options(cfg.data))
     print(f"[dump] data {path}: {stats.summary()}")
-    source = TargetSource(target, samples, bucketed=use_capture_graphs(cfg.target, target.device))
+    source = TargetSource(target, samples, bucketed=use_capture_graphs(cfg.target, target.device),
+                          group_tokens=cfg.target.capture_group_tokens)
     out = Path(cfg.dump.out_dir)
     resume = out.exists() and not (out / "manifest.json").exists() and any(out.glob("shard_*"))
     t0 = time.time()

@@ -28,34 +28,37 @@ class RecordSource(Protocol):
 class TargetSource:
     """Runs the frozen target over tokenized samples on demand.
 
-    One forward per sample: a record then depends only on its own tokens, never on which
-    samples shared its batch, so online training and dump-then-train see bit-identical
-    records. Unpadded by default; `bucketed` pads each sample to its own power-of-two bucket
-    and replays that bucket's forward as a CUDA graph (target/bucketed.py).
+    Unpadded by default: one eager forward per sample, so a record depends only on its own
+    tokens, never on which samples shared its batch, and online training and dump-then-train
+    see bit-identical records. `bucketed` pads each sample to its own power-of-two bucket and
+    replays that bucket's forward as a CUDA graph, `group_tokens` tokens' worth of samples per
+    forward (target/bucketed.py): a record then still depends only on its own tokens, up to the
+    rounding of the products.
     """
 
     def __init__(self, target: CaptureTarget, samples, store_dtype: torch.dtype = torch.float32,
-                 bucketed: bool = False):
+                 bucketed: bool = False, group_tokens: int = 0):
         self.target, self.samples, self.store_dtype = target, samples, store_dtype
         self.num_samples = len(samples)
         self.bucketed = None
-        if bucketed:  # fixed-length graphs per power-of-two bucket (target/bucketed.py)
-            self.bucketed = BucketedCapture(target, max((len(s.input_ids) for s in samples), default=1))
+        if bucketed:  # fixed-shape graphs per power-of-two bucket (target/bucketed.py)
+            self.bucketed = BucketedCapture(target, max((len(s.input_ids) for s in samples), default=1),
+                                            group_tokens=group_tokens)
 
-    def _capture(self, ids: torch.Tensor):
-        return self.bucketed(ids) if self.bucketed is not None else capture_unpadded(self.target, ids)
+    def _capture(self, ids: list[torch.Tensor]):
+        if self.bucketed is not None:
+            return self.bucketed.capture_many(ids)
+        return [capture_unpadded(self.target, x) for x in ids]
 
     def get(self, indices: list[int]) -> list[HiddenRecord]:
+        ids = [torch.tensor(self.samples[i].input_ids, dtype=torch.long) for i in indices]
         records = []
-        for i in indices:
-            s = self.samples[i]
-            ids = torch.tensor(s.input_ids, dtype=torch.long)
-            cap = self._capture(ids)
+        for i, x, cap in zip(indices, ids, self._capture(ids)):
             records.append(
                 HiddenRecord(
                     sample_id=i,
-                    input_ids=ids,
-                    loss_mask=torch.tensor(s.loss_mask, dtype=torch.bool),
+                    input_ids=x,
+                    loss_mask=torch.tensor(self.samples[i].loss_mask, dtype=torch.bool),
                     aux=cap.aux[0].to(self.store_dtype),
                     final=cap.final[0].to(self.store_dtype),
                 )

@@ -48,7 +48,8 @@ def build_source(cfg: RunConfig, target: CaptureTarget, quiet: bool = False, sto
         raise DataError(f"{path}: no training samples ({stats.summary()}; data.max_length={cfg.data.max_length})")
     if not quiet:
         print(f"[train] data {path}: {stats.summary()}")
-    return TargetSource(target, samples, store_dtype, bucketed=graphs)
+    return TargetSource(target, samples, store_dtype, bucketed=graphs,
+                        group_tokens=cfg.target.capture_group_tokens)
 
 
 class Logger:
