@@ -1,7 +1,9 @@
 """`splitserve dump`: run the target over the training data once and store its hidden states.
 
-Samples are processed in data order (sample id = index), so a dump-trained run sees exactly
-the records an in-process run would. An interrupted dump resumes where its shards end.
+Samples are processed in data order (sample id = index), so a dump-trained run sees the records
+an in-process run would: exactly, when each sample is captured alone (on CPU, or with
+target.capture_group_tokens=0); up to the product kernels' rounding when a bucket's samples
+share a forward (target/bucketed.py). An interrupted dump resumes where its shards end.
 """
 
 from __future__ import annotations
