@@ -115,6 +115,7 @@ class Row:
     export: bool | None = None
     serve_equal: bool | None = None
     t1_logits: bool | None = None
+    grouped_capture: bool | None = None
     refused: str | None = None
 
 
@@ -183,6 +184,7 @@ def check_served(arch: str, work: Path) -> Row:
     target, draft = result.target, result.draft
     row = Row(arch, type(target.model).__name__, _windows(target), _transform(target))
     row.train = result.state.step == cfg.train.max_steps
+    row.grouped_capture = grouped_capture_matches(target)
 
     prompts = load_prompt_ids("chitchat", target.tokenizer, cfg.eval.num_prompts)
     report = evaluate(target, draft, prompts, NEW_TOKENS, eos_ids=eos_ids(target))
@@ -218,6 +220,31 @@ def check_served(arch: str, work: Path) -> Row:
     row.serve_equal = got == want
     row.t1_logits = logits_match(served_target, ids)
     return row
+
+
+def grouped_capture_matches(target) -> bool:
+    """Samples captured together in their length buckets (target/bucketed.py, the capture
+    training uses on a GPU) give each sample's own unpadded capture: right padding and the
+    other rows of the forward reach none of a sample's positions, windows and caps included."""
+    from floats import assert_float32_close
+
+    from splitserve.data.chat import TokenizedSample
+    from splitserve.stream.sources import TargetSource
+
+    g = torch.Generator().manual_seed(0)
+    lengths = (3, 9, 17, 30, 64, 70)
+    samples = [TokenizedSample(torch.randint(target.info.vocab_size, (n,), generator=g).tolist(), [1] * n,
+                               f"s{i}", False) for i, n in enumerate(lengths)]
+    order = list(range(len(samples)))
+    plain = TargetSource(target, samples).get(order)
+    grouped = TargetSource(target, samples, bucketed=True, group_tokens=256).get(order)
+    try:
+        for a, b in zip(plain, grouped):
+            assert_float32_close(b.aux, a.aux)
+            assert_float32_close(b.final, a.final)
+    except AssertionError:
+        return False
+    return True
 
 
 def check_refused(arch: str, work: Path) -> Row:
@@ -261,13 +288,14 @@ def _mark(v: bool | None) -> str:
 
 def markdown(rows: list[Row]) -> str:
     head = ("| architecture | class | layer windows | logits | train | greedy exact | export round trip "
-            "| serve = generate | T=1 logits |\n|---|---|---|---|---|---|---|---|---|\n")
+            "| serve = generate | T=1 logits | grouped capture |\n|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         if r.refused is not None or r.arch in REFUSED:
             why = r.refused.split(": ", 1)[-1] if r.refused else "**NOT REFUSED**"  # without the local path
-            lines.append(f"| {r.arch} | {r.model_class} | refused at start: {why} | | | | | | |")
+            lines.append(f"| {r.arch} | {r.model_class} | refused at start: {why} | | | | | | | |")
         else:
             lines.append(f"| {r.arch} | {r.model_class} | {r.windows} | {r.logits} | {_mark(r.train)} | "
-                         f"{_mark(r.exact)} | {_mark(r.export)} | {_mark(r.serve_equal)} | {_mark(r.t1_logits)} |")
+                         f"{_mark(r.exact)} | {_mark(r.export)} | {_mark(r.serve_equal)} | {_mark(r.t1_logits)} | "
+                         f"{_mark(r.grouped_capture)} |")
     return head + "\n".join(lines) + "\n"

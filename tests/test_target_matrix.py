@@ -1,8 +1,9 @@
 """Every architecture of the matrix (tests/arch_matrix.py), end to end on tiny random targets
 saved as HF directories: train a few steps, held-out greedy speculative output equal to the
 target's own, HF export round trip, the serving engine equal to transformers' greedy
-`generate` on a chat prompt, and verification logits equal to the architecture's own (soft-
-capping and scaling included). A hybrid target is refused at start from its config alone.
+`generate` on a chat prompt, verification logits equal to the architecture's own (soft-
+capping and scaling included), and grouped training captures equal to per-sample ones. A
+hybrid target is refused at start from its config alone.
 `python bench/target_matrix.py` runs the same checks and writes docs/targets.md."""
 
 import pytest
@@ -19,6 +20,7 @@ def test_served_architecture(arch, tmp_path):
     assert row.export, row
     assert row.serve_equal, f"{arch}: the serving engine differs from transformers' greedy generate"
     assert row.t1_logits, row
+    assert row.grouped_capture, f"{arch}: a sample captured in a length-bucket group differs from its own capture"
     if arch in ("mistral-window", "gemma2", "gemma3-text", "gemma3-multimodal"):
         assert f"sw{WINDOW}" in row.windows.split(), row  # the window is seen, hence honoured above
 
