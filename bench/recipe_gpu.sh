@@ -10,7 +10,8 @@
 #   bash bench/recipe_gpu.sh eval  SEED...          bench/ablation_gpu.py eval (serving engine), then a tarball
 #   bash bench/recipe_gpu.sh tpot  SEED             the best draft's spec vs AR TPOT (splitserve bench), FP8 agreement
 # Sizing (environment): GEN_ROWS rows of each source, GEN_SECONDS for the sampled job, HELDOUT_ROWS
-# held-out conversations; RUNS (DRAFT:LOSS ...), NUM_PROMPTS per held-out set and ANCHORS for train;
+# held-out conversations; RUNS (DRAFT:LOSS ...), NUM_PROMPTS per held-out set, ANCHORS and LOSS_CHUNK_ROWS
+# (train.loss_chunk_rows, for ANCHORS=512) for train;
 # EVAL_SECONDS for eval, STEP to measure every run at that checkpoint instead of S* (to pair a run
 # with one of an earlier sweep on the same data and seed), CURVE=1 to also measure the greedy
 # τ-vs-tokens points (checkpoints at about S*/3 and 2S*/3).
@@ -100,7 +101,7 @@ train)
     minutes=${2:?MINUTES}; shift 2
     for seed in "$@"; do
         python3 bench/ablation_gpu.py train --data "$WORK/train_sampled.jsonl" --prompts "$WORK/heldout_regen.jsonl" \
-            --root "$WORK/seed$seed" --minutes "$minutes" --seed "$seed" --runs $RUNS --num-layers 4 --anchors "${ANCHORS:-64}" \
+            --root "$WORK/seed$seed" --minutes "$minutes" --seed "$seed" --runs $RUNS --num-layers 4 --anchors "${ANCHORS:-64}" --loss-chunk-rows "${LOSS_CHUNK_ROWS:-0}" \
             --prompt-sets humaneval mtbench --no-regenerate-history --max-new-tokens 256 --num-prompts "${NUM_PROMPTS:-40}" \
             --save-every 100 > "$WORK/train_seed$seed.log" 2>&1 &
     done

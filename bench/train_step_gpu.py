@@ -1,7 +1,7 @@
 """Where one in-process training step's time goes (the ablation recipe), SmolLM2 shape, random weights.
 
     python bench/train_step_gpu.py [--gamma 8 16] [--batch 8] [--anchors 64] [--capture-graphs]
-        [--group-tokens 4096] [--out FILE]
+        [--group-tokens 4096] [--loss-chunk-rows N] [--out FILE]
 
 One step of `splitserve train` with the target in-process, split into its phases and timed
 with a device sync after each: target capture (TargetSource: one forward per sample, or one per bucket group with --group-tokens),
@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--capture-graphs", action="store_true", help="bucketed CUDA-graph captures (target/bucketed.py)")
     ap.add_argument("--group-tokens", type=int, default=0,
                     help="with --capture-graphs: a bucket's samples share a forward, this many tokens' worth")
+    ap.add_argument("--loss-chunk-rows", type=int, default=0,
+                    help="train.loss_chunk_rows: the vocabulary-wide loss terms this many rows at a time")
     ap.add_argument("--compile-loss", action="store_true",
                     help="probe: torch.compile(dynamic=True) around the loss (train/losses.compute_loss)")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer target, for a quick CPU check of the script")
@@ -77,7 +79,7 @@ def main() -> None:
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     results = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "batch": args.batch,
                "capture_graphs": args.capture_graphs, "group_tokens": args.group_tokens,
-               "compile_loss": args.compile_loss,
+               "compile_loss": args.compile_loss, "loss_chunk_rows": args.loss_chunk_rows,
                "anchors_per_seq": args.anchors, "draft_layers": args.layers}
     for gamma in args.gamma:
         torch.manual_seed(0)
@@ -101,7 +103,8 @@ def main() -> None:
             packed = plan_blocks(draft, batch, args.anchors, row_generators(0, i, range(args.batch)))
             mark("plan")
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-                out, _ = draft_loss(draft, batch, args.anchors, LossConfig(), None, packed=packed)
+                out, _ = draft_loss(draft, batch, args.anchors, LossConfig(), None, packed=packed,
+                                    chunk_rows=args.loss_chunk_rows)
             mark("draft forward + loss")
             out.total.backward()
             mark("backward")
@@ -112,11 +115,15 @@ def main() -> None:
                 for (_, t0), (name, t1) in zip(marks, marks[1:]):
                     phases.setdefault(name, []).append(1000 * (t1 - t0))
 
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
         step(0, False)  # warm-up: allocator, kernels
         for i in range(1, args.steps - 1):
             step(i, True)
         row = {name: statistics.median(v) for name, v in phases.items()}
         row["total"] = sum(row.values())
+        if dev.type == "cuda":  # target, draft, optimiser state and the largest step's activations
+            row["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
         if dev.type == "cuda":
             from torch.profiler import ProfilerActivity, profile
 

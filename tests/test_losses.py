@@ -262,6 +262,66 @@ def test_draft_loss_runs_with_every_loss_config(name):
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
+def _tiny_batch(target):
+    from splitserve.records import HiddenRecord
+    from splitserve.train.step import collate
+
+    recs = []
+    for i, n in enumerate((12, 7, 15)):
+        ids = torch.randint(0, 90, (n,), generator=torch.Generator().manual_seed(i))
+        mask = torch.zeros(n, dtype=torch.bool)
+        mask[3:] = True
+        cap = target.capture(ids[None])
+        recs.append(HiddenRecord(i, ids, mask, cap.aux[0], cap.final[0]))
+    return collate(recs, torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("name", ["paper", "dflash_ce", "expected_length_greedy", "prefix_gain"])
+@pytest.mark.parametrize("markov_rank", [8, 0])
+def test_chunked_rows_give_the_loss_and_gradients_of_all_rows_at_once(name, markov_rank):
+    """train.loss_chunk_rows: the vocabulary-wide terms a few rows at a time, each chunk
+    recomputed in the backward, give the same loss, metrics and gradients as all rows at once;
+    chunks that do not divide the rows, and a chunk larger than all of them, included."""
+    from floats import assert_float32_close
+    from tiny import tiny_draft, tiny_target
+
+    from splitserve.train.step import draft_loss, plan_blocks
+
+    target = tiny_target(seed=4)
+    draft = tiny_draft(target, block_size=4, markov_rank=markov_rank)
+    batch = _tiny_batch(target)
+    packed = plan_blocks(draft, batch, 8, torch.Generator().manual_seed(0))
+    params = [p for p in draft.parameters() if p.requires_grad]
+
+    def run(chunk_rows):
+        out, n = draft_loss(draft, batch, 8, _cfg(name), None, packed=packed, chunk_rows=chunk_rows)
+        grads = torch.autograd.grad(out.total, params, allow_unused=True)
+        return out, n, grads
+
+    ref, n_ref, g_ref = run(0)
+    assert n_ref > 7  # more rows than the chunks below
+    for chunk_rows in (1, 3, 7, 10_000):
+        out, n, grads = run(chunk_rows)
+        assert n == n_ref
+        assert_float32_close(out.total, ref.total)
+        for k, v in ref.metrics().items():
+            assert math.isclose(out.metrics()[k], v, rel_tol=1e-5, abs_tol=1e-6), (chunk_rows, k)
+        for a, b in zip(grads, g_ref):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert_float32_close(a, b)
+
+
+def test_greedy_acceptance_needs_the_mass_among_precomputed_rows():
+    from splitserve.train.losses import RowTerms
+
+    x = LossInputs(None, None, torch.tensor([1, 2]), torch.tensor([0, 1]), None, 4, block=torch.tensor([0, 0]),
+                   rows=RowTerms(torch.ones(2), torch.ones(2)))
+    with pytest.raises(ValueError, match="mass"):
+        compute_loss(x, _cfg("expected_length_greedy"))
+    assert math.isfinite(float(compute_loss(x, _cfg("prefix")).total))
+
+
 def test_dflash_ce_is_decayed_cross_entropy_alone():
     """loss=dflash_ce (the paper's DFlash baseline): the decayed CE only, whatever the TV gap or
     a confidence head's logits would add under the paper mix."""

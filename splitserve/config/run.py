@@ -162,6 +162,11 @@ class TrainConfig:
     zero_stage: int = 1  # deepspeed only: 1 or 2
     grad_accum_steps: int = 1  # micro-batches per optimiser step on each draft rank
     precision: str = "fp32"  # fp32 | bf16 (bf16 autocast for the draft forward; GPU)
+    # Compute the vocabulary-wide part of the loss (both lm_heads, softmaxes, CE and TV) this
+    # many block positions at a time, recomputing each chunk in the backward, so its memory is
+    # one chunk's (rows x V) tensors instead of every position's (train/step.py,
+    # chunked_row_terms). 0: all positions at once. For large vocabularies or all anchors.
+    loss_chunk_rows: int = 0
     wandb: bool = False
     wandb_project: str = "splitserve"
 

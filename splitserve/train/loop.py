@@ -162,6 +162,9 @@ def train(
     order = DataOrder(source.num_samples, cfg.train.batch_size, cfg.train.seed)
     if cfg.train.batch_size % part.size:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} must be a multiple of the {part.size} draft ranks")
+    if cfg.train.loss_chunk_rows < 0:
+        raise ValueError(f"train.loss_chunk_rows must be >= 0 (0: every block position at once), "
+                         f"got {cfg.train.loss_chunk_rows}")
     per_rank = cfg.train.batch_size // part.size
     micro = micro_batches(per_rank, cfg.train.grad_accum_steps)
     bf16 = cfg.train.precision == "bf16"
@@ -204,7 +207,8 @@ def train(
         totals = StepTotals()
         for batch, packed, w in planned:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                out, _ = draft_loss(backend.module, batch, cfg.train.anchors_per_seq, cfg.loss, None, packed=packed)
+                out, _ = draft_loss(backend.module, batch, cfg.train.anchors_per_seq, cfg.loss, None, packed=packed,
+                                    chunk_rows=cfg.train.loss_chunk_rows)
             share = w / weight_total
             backend.backward(out.total * share)
             totals.add(out, share, batch.num_tokens, len(batch.lengths))

@@ -29,9 +29,18 @@ from splitserve.config import LossConfig, decay_for
 
 
 @dataclass
+class RowTerms:
+    """What every loss needs from a row's two distributions, computed by `row_terms`."""
+
+    ce: torch.Tensor  # (P,) -log p_d(x*)
+    tv: torch.Tensor  # (P,) ||p_d - p_t||_1 in [0, 2]
+    mass: torch.Tensor | None = None  # (P,) p_d(argmax p_t), where asked for
+
+
+@dataclass
 class LossInputs:
-    draft_logits: torch.Tensor  # (P, V)
-    target_logits: torch.Tensor  # (P, V), no grad
+    draft_logits: torch.Tensor | None  # (P, V); None when `rows` is given
+    target_logits: torch.Tensor | None  # (P, V), no grad; None when `rows` is given
     labels: torch.Tensor  # (P,) the data token x*
     slot: torch.Tensor  # (P,) k - 1, in 0..γ-1
     conf_logits: torch.Tensor | None  # (P,)
@@ -39,6 +48,9 @@ class LossInputs:
     # (P,) which block each row belongs to (any ids; equal within a block). The prefix family
     # needs it to take products along a block; the paper loss does not.
     block: torch.Tensor | None = None
+    # The row terms computed already (train/step.py computes them a chunk of rows at a time, so
+    # the (P, V) logits never exist at once); then the logits above are not read.
+    rows: RowTerms | None = None
 
 
 @dataclass
@@ -74,16 +86,26 @@ def _up(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def _row_terms(x: LossInputs, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """-> ce (P,) = -log p_d(x*), tv (P,) = ||p_d - p_t||_1 in [0, 2], and, when asked for,
-    p_d(argmax p_t) (P,): the draft's probability of the token greedy verification commits."""
-    logp_d = F.log_softmax(_up(x.draft_logits), dim=-1)  # (P, V)
+def row_terms(draft_logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
+              greedy: bool = False) -> RowTerms:
+    """(P, V) draft and target logits, (P,) labels -> ce = -log p_d(x*), tv = ||p_d - p_t||_1 and,
+    when asked for, mass = p_d(argmax p_t): the draft's probability of the token greedy
+    verification commits. Each row's terms depend on that row alone."""
+    logp_d = F.log_softmax(_up(draft_logits), dim=-1)  # (P, V)
     p_d = logp_d.exp()
-    p_t = F.softmax(_up(x.target_logits), dim=-1)
+    p_t = F.softmax(_up(target_logits), dim=-1)
     tv = (p_d - p_t).abs().sum(-1)  # (P,)
-    ce = -logp_d.gather(-1, x.labels[:, None]).squeeze(-1)
-    mass = p_d.gather(-1, x.target_logits.argmax(-1, keepdim=True)).squeeze(-1) if greedy else None
-    return ce, tv, mass
+    ce = -logp_d.gather(-1, labels[:, None]).squeeze(-1)
+    mass = p_d.gather(-1, target_logits.argmax(-1, keepdim=True)).squeeze(-1) if greedy else None
+    return RowTerms(ce, tv, mass)
+
+
+def _row_terms(x: LossInputs, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """-> ce (P,), tv (P,), mass (P,) or None: x.rows where given, else row_terms of the logits."""
+    rows = x.rows if x.rows is not None else row_terms(x.draft_logits, x.target_logits, x.labels, greedy)
+    if greedy and rows.mass is None:
+        raise ValueError("this loss needs RowTerms.mass (the greedy acceptance): compute the rows with greedy=True")
+    return rows.ce, rows.tv, rows.mass if greedy else None
 
 
 def _conf_term(x: LossInputs, alpha: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor) -> torch.Tensor:

@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from splitserve.config import LossConfig, decay_for
 from splitserve.models.dspark import DSparkDraft
 from splitserve.records import HiddenRecord
 from splitserve.target.sdpa import varlen_sdpa
-from splitserve.train.losses import LossInputs, LossOut, compute_loss, decay_weights
+from splitserve.train.losses import LossInputs, LossOut, RowTerms, compute_loss, decay_weights, row_terms
 from splitserve.train.packing import PackedBlocks, pack_blocks, sample_anchors
 
 
@@ -87,6 +88,40 @@ def position_weight(packed: PackedBlocks, loss_cfg: LossConfig) -> torch.Tensor:
     return decay_weights(slot, decay_for(loss_cfg, packed.label_valid.shape[-1])).sum()
 
 
+def _target_logits(draft: DSparkDraft, final: torch.Tensor) -> torch.Tensor:
+    """final: (P, D) the target's final hidden states -> (P, V) its logits, as its own forward
+    makes them (soft-cap / scaling included). No gradient."""
+    with torch.no_grad():
+        logits = draft.lm_head(final)
+        transform = getattr(draft, "target_logit_transform", None)  # the target's soft-cap / scaling
+        return transform(logits) if transform is not None else logits
+
+
+def _chunk_terms(draft: DSparkDraft, h: torch.Tensor, z: torch.Tensor | None, final: torch.Tensor,
+                 labels: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, ...]:
+    """One chunk of rows, h (n, D), z (n, r) or None, final (n, D), labels (n,) -> its row terms
+    (ce, tv[, mass]), each (n,)."""
+    t = row_terms(draft.head_logits(h, z), _target_logits(draft, final.to(h.dtype)), labels, greedy)
+    return (t.ce, t.tv, t.mass) if greedy else (t.ce, t.tv)
+
+
+def chunked_row_terms(draft: DSparkDraft, h: torch.Tensor, z: torch.Tensor | None, final: torch.Tensor,
+                      labels: torch.Tensor, greedy: bool, chunk_rows: int) -> RowTerms:
+    """The row terms of P rows (h (P, D), z (P, r) or None, final (P, D), labels (P,)), chunk_rows
+    rows at a time, each chunk under activation checkpointing: its (n, V) logits and
+    probabilities are freed after its forward and recomputed in the backward, so the loss holds
+    one chunk's vocabulary-wide tensors at a time instead of all P rows' (one more lm_head
+    product per chunk in the backward). Rows are independent, so the terms are the unchunked
+    ones up to the products' rounding at another row count."""
+    parts = []
+    for s in range(0, labels.numel(), chunk_rows):
+        rows = slice(s, s + chunk_rows)
+        parts.append(checkpoint(_chunk_terms, draft, h[rows], None if z is None else z[rows], final[rows],
+                                labels[rows], greedy, use_reentrant=False))
+    cols = [torch.cat(c) for c in zip(*parts)]
+    return RowTerms(cols[0], cols[1], cols[2] if greedy else None)
+
+
 def draft_loss(
     draft: DSparkDraft,
     batch: Batch,
@@ -94,9 +129,11 @@ def draft_loss(
     loss_cfg: LossConfig,
     generator: torch.Generator | Sequence[torch.Generator],
     packed: PackedBlocks | None = None,
+    chunk_rows: int = 0,
 ) -> tuple[LossOut, int]:
     """Returns the loss and the number of trained block positions. `packed` (from plan_blocks)
-    skips the planning; `generator` is then unused."""
+    skips the planning; `generator` is then unused. `chunk_rows` > 0 computes the vocabulary-wide
+    part of the loss that many rows at a time (chunked_row_terms); 0: all rows at once."""
     arch = draft.arch
     b, t = batch.input_ids.shape
     if packed is None:
@@ -118,15 +155,18 @@ def draft_loss(
     labels = batch.input_ids[bi, label_pos]
     prev = prev_grid[sel]  # (P,)
     h_sel = h[sel]  # (P, D)
-    with torch.no_grad():
-        # Target's distribution for token a+k comes from its final hidden state at a+k-1.
-        target_logits = draft.lm_head(batch.final[bi, label_pos - 1].to(h_sel.dtype))
-        transform = getattr(draft, "target_logit_transform", None)  # the target's soft-cap / scaling
-        if transform is not None:
-            target_logits = transform(target_logits)
+    z_sel = z[sel] if z is not None else None  # (P, r)
+    # Target's distribution for token a+k comes from its final hidden state at a+k-1.
+    final = batch.final[bi, label_pos - 1]  # (P, D)
+    if chunk_rows > 0 and labels.numel():
+        logits = dict(draft_logits=None, target_logits=None,
+                      rows=chunked_row_terms(draft, h_sel, z_sel, final, labels, loss_cfg.acceptance == "greedy",
+                                             chunk_rows))
+    else:
+        logits = dict(draft_logits=draft.head_logits(h_sel, z_sel),
+                      target_logits=_target_logits(draft, final.to(h_sel.dtype)))
     inputs = LossInputs(
-        draft_logits=draft.head_logits(h_sel, z[sel] if z is not None else None),
-        target_logits=target_logits,
+        **logits,
         labels=labels,
         slot=slot,
         conf_logits=draft.confidence_logit(h_sel, prev),
