@@ -48,7 +48,8 @@ class BucketedCapture:
     def __init__(self, target: CaptureTarget, max_len: int, min_bucket: int = 64, use_graphs: bool = True,
                  group_tokens: int = 0):
         if group_tokens < 0:
-            raise ValueError(f"target.capture_group_tokens must be >= 0 (0: one sample per forward), got {group_tokens}")
+            raise ValueError(f"target.capture_group_tokens must be >= 0 (0: one sample per forward), "
+                             f"got {group_tokens}")
         self.target = target
         self.min_bucket = min_bucket
         self.max_bucket = max(min_bucket, 1 << (max(max_len, 1) - 1).bit_length())
