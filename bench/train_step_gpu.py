@@ -4,10 +4,9 @@
         [--group-tokens 4096] [--loss-chunk-rows N] [--out FILE]
 
 One step of `splitserve train` with the target in-process, split into its phases and timed
-with a device sync after each: target capture (TargetSource: one forward per sample, or per bucket group with
---group-tokens),
-collate (records -> padded batch on the device), anchor planning, draft forward + loss,
-backward, optimiser step. Then the whole step under torch.profiler: GPU busy time against wall
+with a device sync after each: target capture (TargetSource: one forward per sample, or one per
+length-bucket group with --group-tokens), collate (records -> padded batch on the device), anchor
+planning, draft forward + loss, backward, optimiser step. Then the whole step under torch.profiler: GPU busy time against wall
 time says whether the step is bound by the GPU or by the host. Sequence lengths follow the
 regenerated chitchat set (mean ~210 tokens). Step time does not depend on weight values.
 """
