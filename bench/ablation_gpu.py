@@ -100,7 +100,7 @@ def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
         settings["target.capture_graphs"] = args.capture_graphs
     if args.group_tokens is not None:
         settings["target.capture_group_tokens"] = args.group_tokens
-    if getattr(args, "loss_chunk_rows", None):
+    if args.loss_chunk_rows is not None:
         settings["train.loss_chunk_rows"] = args.loss_chunk_rows
     overrides = [f"draft={draft}", f"loss={loss}", *(f"{k}={_value(v)}" for k, v in settings.items())]
     cfg = compose(overrides)
@@ -339,7 +339,7 @@ def main() -> None:
                    help="target.capture_graphs (target/bucketed.py); default: the config's (on for CUDA)")
     t.add_argument("--group-tokens", type=int, default=None,
                    help="target.capture_group_tokens: a length bucket's samples per capture forward, in tokens")
-    t.add_argument("--loss-chunk-rows", type=int, default=0,
+    t.add_argument("--loss-chunk-rows", type=int, default=None,
                    help="train.loss_chunk_rows: the loss's vocabulary-wide terms this many rows at a time "
                         "(for --anchors 512 and large vocabularies)")
     t.add_argument("--runs", nargs="+", default=None, metavar="DRAFT:LOSS",

@@ -6,8 +6,9 @@
 One step of `splitserve train` with the target in-process, split into its phases and timed
 with a device sync after each: target capture (TargetSource: one forward per sample, or one per
 length-bucket group with --group-tokens), collate (records -> padded batch on the device), anchor
-planning, draft forward + loss, backward, optimiser step. Then the whole step under torch.profiler: GPU busy time against wall
-time says whether the step is bound by the GPU or by the host. Sequence lengths follow the
+planning, draft forward + loss, backward, optimiser step; and the peak device memory. Then the
+whole step under torch.profiler: GPU busy time against wall time says whether the step is bound
+by the GPU or by the host. Sequence lengths follow the
 regenerated chitchat set (mean ~210 tokens). Step time does not depend on weight values.
 """
 
@@ -122,9 +123,9 @@ def main() -> None:
             step(i, True)
         row = {name: statistics.median(v) for name, v in phases.items()}
         row["total"] = sum(row.values())
-        if dev.type == "cuda":  # target, draft, optimiser state and the largest step's activations
-            row["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
         if dev.type == "cuda":
+            # target, draft, optimiser state and the largest step's activations
+            row["peak_mem_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CUDA]) as prof:

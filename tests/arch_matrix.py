@@ -227,14 +227,11 @@ def grouped_capture_matches(target) -> bool:
     training uses on a GPU) give each sample's own unpadded capture: right padding and the
     other rows of the forward reach none of a sample's positions, windows and caps included."""
     from floats import assert_float32_close
+    from tiny import random_samples
 
-    from splitserve.data.chat import TokenizedSample
     from splitserve.stream.sources import TargetSource
 
-    g = torch.Generator().manual_seed(0)
-    lengths = (3, 9, 17, 30, 64, 70)
-    samples = [TokenizedSample(torch.randint(target.info.vocab_size, (n,), generator=g).tolist(), [1] * n,
-                               f"s{i}", False) for i, n in enumerate(lengths)]
+    samples = random_samples((3, 9, 17, 30, 64, 70), target.info.vocab_size)
     order = list(range(len(samples)))
     plain = TargetSource(target, samples).get(order)
     grouped = TargetSource(target, samples, bucketed=True, group_tokens=256).get(order)

@@ -3,17 +3,10 @@ real positions' hidden states (causal attention), so records match the unpadded 
 
 import pytest
 import torch
-from tiny import tiny_target
+from tiny import random_samples, tiny_target
 
-from splitserve.data.chat import TokenizedSample
 from splitserve.stream.sources import TargetSource
 from splitserve.target.bucketed import BucketedCapture
-
-
-def _samples(lengths, vocab):
-    g = torch.Generator().manual_seed(0)
-    return [TokenizedSample(torch.randint(vocab, (n,), generator=g).tolist(), [1] * n, f"s{i}", False)
-            for i, n in enumerate(lengths)]
 
 
 def test_bucket_sizes():
@@ -25,7 +18,7 @@ def test_bucket_sizes():
 def test_bucketed_records_equal_unpadded_records():
     target = tiny_target()
     lengths = [1, 5, 63, 64, 65, 130, 200]
-    samples = _samples(lengths, target.info.vocab_size)
+    samples = random_samples(lengths, target.info.vocab_size)
     plain = TargetSource(target, samples).get(list(range(len(samples))))
     padded = TargetSource(target, samples, bucketed=True).get(list(range(len(samples))))
     for a, b, n in zip(plain, padded, lengths):
@@ -83,7 +76,7 @@ def test_grouped_records_equal_unpadded_records():
     the sample's own unpadded capture, whatever the other rows hold."""
     target = tiny_target()
     lengths = [5, 40, 63, 64, 65, 70, 100, 130, 200, 3]
-    samples = _samples(lengths, target.info.vocab_size)
+    samples = random_samples(lengths, target.info.vocab_size)
     order = list(range(len(samples)))
     plain = TargetSource(target, samples).get(order)
     grouped = TargetSource(target, samples, bucketed=True, group_tokens=256)

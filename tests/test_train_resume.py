@@ -2,6 +2,7 @@
 in-process training; checkpoints refuse damaged files."""
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -165,8 +166,6 @@ def test_loss_chunk_rows_reaches_the_loss_through_the_loop(tiny_smol_dir, tiny_s
     acceptance, computed three block positions at a time, are those of all positions at once
     (gradients are compared in test_losses.py; after Adam steps, near-zero gradients of the
     Markov embedding rows amplify rounding, so later weights are not compared here)."""
-    import math
-
     def first_step(run_dir, **kw):
         loop.train(_cfg(tiny_smol_dir, run_dir, max_steps=1, **kw), tiny_smol_target)
         return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])

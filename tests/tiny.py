@@ -52,6 +52,15 @@ def tiny_draft_round(seed: int, head: str = "vanilla", gamma: int = 6):
     return draft, ctx, ids[0, 13]
 
 
+def random_samples(lengths, vocab: int, seed: int = 0):
+    """One TokenizedSample of random ids per length, every token trained."""
+    from splitserve.data.chat import TokenizedSample
+
+    g = torch.Generator().manual_seed(seed)
+    return [TokenizedSample(torch.randint(vocab, (n,), generator=g).tolist(), [1] * n, f"s{i}", False)
+            for i, n in enumerate(lengths)]
+
+
 def save_tiny_smol(out, seed: int = 0, layers: int = 4):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 

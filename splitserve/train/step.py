@@ -158,15 +158,16 @@ def draft_loss(
     z_sel = z[sel] if z is not None else None  # (P, r)
     # Target's distribution for token a+k comes from its final hidden state at a+k-1.
     final = batch.final[bi, label_pos - 1]  # (P, D)
+    draft_logits = target_logits = rows = None
     if chunk_rows > 0 and labels.numel():
-        logits = dict(draft_logits=None, target_logits=None,
-                      rows=chunked_row_terms(draft, h_sel, z_sel, final, labels, loss_cfg.acceptance == "greedy",
-                                             chunk_rows))
+        rows = chunked_row_terms(draft, h_sel, z_sel, final, labels, loss_cfg.acceptance == "greedy", chunk_rows)
     else:
-        logits = dict(draft_logits=draft.head_logits(h_sel, z_sel),
-                      target_logits=_target_logits(draft, final.to(h_sel.dtype)))
+        draft_logits = draft.head_logits(h_sel, z_sel)  # (P, V)
+        target_logits = _target_logits(draft, final.to(h_sel.dtype))  # (P, V)
     inputs = LossInputs(
-        **logits,
+        draft_logits=draft_logits,
+        target_logits=target_logits,
+        rows=rows,
         labels=labels,
         slot=slot,
         conf_logits=draft.confidence_logit(h_sel, prev),
