@@ -2,13 +2,15 @@
 (target/native/attention_kernel.py) against the reference (SDPA with the groups folded into the
 query axis, target/native/attention.py), each replayed from a CUDA graph as the engine runs them.
 
-    PYTHONPATH=. python bench/attention_gpu.py --out attention_h200.json [--sliding-window 4096]
+    PYTHONPATH=. python bench/attention_gpu.py --out attention_h200.json [--sliding-window 4096] [--splits 1 2 4 8 16]
 
 Shapes: an 8B-class target (32 query / 8 kv heads, hd 128) and SmolLM2-135M (9 / 3, hd 64), bf16,
 T = 1 (decode) and 17 (a verify block of γ = 16) queries at the window's last positions (every
 slot visible), windows 256 to 8192. One graph holds CALLS calls or more: the calls cycle over
 enough copies of the cache that they do not all fit in L2, as a model's layers do not. The time
 is the median over replays, per call; the error is the max abs difference of the two outputs.
+--splits also times the kernel at each forced split count (the plan's choice is "splits"), to
+check the plan against the best count.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def time_per_call(graph: torch.cuda.CUDAGraph, n_calls: int) -> float:
     return statistics.median(times)
 
 
-def measure(Hq: int, Hkv: int, hd: int, T: int, window: int, sliding_window: int | None) -> dict:
+def measure(Hq: int, Hkv: int, hd: int, T: int, window: int, sliding_window: int | None,
+            forced_splits: tuple[int, ...] = ()) -> dict:
     dev, dt = torch.device("cuda"), torch.bfloat16
     kv_bytes = 2 * Hkv * window * hd * dt.itemsize
     copies = min(-(-COLD_BYTES // kv_bytes), 1000)
@@ -70,9 +73,11 @@ def measure(Hq: int, Hkv: int, hd: int, T: int, window: int, sliding_window: int
     positions = torch.arange(window - T, window, device=dev)
     scale = hd**-0.5
     impls = {"triton": attention_kernel.decode_attention_triton, "reference": attention.decode_attention}
+    for n in forced_splits:
+        impls[f"triton_s{n}"] = lambda *a, n=n: attention_kernel.decode_attention_triton(*a, num_splits=n)
     row = {}
     outs = {name: fn(q, *caches[0], positions, window, scale, sliding_window).float() for name, fn in impls.items()}
-    row["max_abs_err"] = (outs["triton"] - outs["reference"]).abs().max().item()
+    row["max_abs_err"] = max((out - outs["reference"]).abs().max().item() for name, out in outs.items() if name != "reference")
     for name, fn in impls.items():
         calls = [lambda i=i: fn(q, *caches[i % copies], positions, window, scale, sliding_window)
                  for i in range(n_calls)]
@@ -87,23 +92,27 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--sliding-window", type=int, default=None)
+    ap.add_argument("--splits", type=int, nargs="*", default=[], help="forced split counts to time too")
     args = ap.parse_args()
     assert torch.cuda.is_available() and attention_kernel.HAS_TRITON, "needs a CUDA GPU and triton"
     import triton
 
     torch.manual_seed(0)
     results = []
-    print("| shape | T | window | triton µs | reference µs | speedup | splits | max abs err |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| shape | T | window | triton µs | reference µs | speedup | splits | best forced: splits, µs | max abs err |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for shape, (Hq, Hkv, hd) in SHAPES.items():
         for T in QUERIES:
             for window in WINDOWS:
                 r = dict(shape=shape, Hq=Hq, Hkv=Hkv, hd=hd, T=T, window=window,
-                         **measure(Hq, Hkv, hd, T, window, args.sliding_window))
+                         **measure(Hq, Hkv, hd, T, window, args.sliding_window, tuple(args.splits)))
                 results.append(r)
+                forced = {n: r[f"triton_s{n}_us"] for n in args.splits}
+                best = min(forced, key=forced.get) if forced else None
+                best_cell = f"{best}, {forced[best]:.1f}" if forced else "-"
                 print(f"| {shape} | {T} | {window} | {r['triton_us']:.1f} | {r['reference_us']:.1f} | "
-                      f"{r['reference_us'] / r['triton_us']:.2f}x | {r['splits']} | {r['max_abs_err']:.2e} |",
-                      flush=True)
+                      f"{r['reference_us'] / r['triton_us']:.2f}x | {r['splits']} | {best_cell} | "
+                      f"{r['max_abs_err']:.2e} |", flush=True)
     summary = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "dtype": "bfloat16", "sliding_window": args.sliding_window, "results": results}
     if args.out:

@@ -113,6 +113,36 @@ def test_kernel_matches_reference(hd, T, G, window, sliding_window, num_splits, 
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
 
 
+def test_plan_gives_verify_rows_longer_splits():
+    """A verify's full row block takes one program per SM, decode's few rows two: at an 8B shape
+    (8 kv heads, hd 128) and a 2048 window, 16 splits of 2 tiles against 32 of 1."""
+    cpu = torch.device("cpu")  # the plan assumes an H200's 132 SMs off CUDA
+    _, block_kv, _, verify_splits, verify_tiles = kernels.plan(4 * 17, 8, 128, 2048, cpu)
+    _, _, _, decode_splits, decode_tiles = kernels.plan(4, 8, 128, 2048, cpu)
+    assert (verify_splits, verify_tiles, decode_splits, decode_tiles) == (16, 2, 32, 1)
+    assert verify_splits * verify_tiles * block_kv == 2048
+
+
+@pytest.mark.parametrize("sliding_window", [None, 16])
+def test_kernel_reads_no_partial_it_did_not_write(monkeypatch, sliding_window):
+    """Splits with no visible slot, and padding rows, store no partial accumulator: the merge must
+    not read those entries. The workspaces start as NaN here, so reading one shows."""
+    real_empty = torch.empty
+
+    def nan_empty(*shape, dtype=None, device=None, **kw):
+        t = real_empty(*shape, dtype=dtype, device=device, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    T, G, hd, window = 3, 3, 64, 640  # 10 tiles; the queries see the first one only
+    q, k, v, positions = _inputs(T, 2, G, hd, window, window, 30)
+    want = ref.decode_attention(q, k, v, positions, window, hd**-0.5, sliding_window)
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    got = kernels.decode_attention_triton(q.to(DEV), k.to(DEV), v.to(DEV), positions.to(DEV), window,
+                                          hd**-0.5, sliding_window, num_splits=10)
+    monkeypatch.undo()
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype, tol", [
     (torch.float16, 2e-3),
     pytest.param(torch.bfloat16, 2e-2, marks=pytest.mark.skipif(

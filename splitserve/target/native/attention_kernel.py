@@ -36,7 +36,12 @@ if HAS_TRITON:
 
 MAX_TRITON_QUERIES = 32
 # Programs per SM that the split count aims for: enough to fill the GPU while K/V streams in.
+# A decode program (a few rows) is light, so two per SM; a verify program (a full row block)
+# does BLOCK_M times the work per tile, and one per SM with longer splits was faster on an H200
+# (docs/results/engine_h200.md, "Attention splits").
 PROGRAMS_PER_SM = 2
+PROGRAMS_PER_SM_FULL_ROWS = 1
+FULL_ROWS = 32  # rows per kv head from which a program counts as a verify one
 DEFAULT_SMS = 132  # an H200; used when the tensors are not on CUDA (the interpreter)
 MAX_SPLITS = 64  # the merge kernel holds all splits of a row at once
 LOG2E = 1.4426950408889634
@@ -81,7 +86,8 @@ def plan(rows: int, Hkv: int, hd: int, window: int, device: torch.device, num_sp
     """Launch shape for rows = G*T query rows per kv head -> (BLOCK_M, BLOCK_KV, row blocks,
     splits, tiles per split). The row tile is capped so the fp32 accumulator (BLOCK_M, hd) stays
     in registers; past the cap the rows take several programs that read the same K/V (from L2).
-    Splits aim at PROGRAMS_PER_SM programs per SM, with at least one tile each."""
+    Splits aim at PROGRAMS_PER_SM programs per SM (PROGRAMS_PER_SM_FULL_ROWS from FULL_ROWS
+    rows on), with at least one tile each."""
     block_m = min(max(16, triton.next_power_of_2(rows)), 128 if hd <= 128 else 64)
     block_kv = 64 if hd <= 128 else 32
     row_blocks = triton.cdiv(rows, block_m)
@@ -89,7 +95,8 @@ def plan(rows: int, Hkv: int, hd: int, window: int, device: torch.device, num_sp
     if not num_splits:
         sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
             if device.type == "cuda" else DEFAULT_SMS
-        num_splits = min(triton.cdiv(PROGRAMS_PER_SM * sms, Hkv * row_blocks), MAX_SPLITS)
+        per_sm = PROGRAMS_PER_SM_FULL_ROWS if rows >= FULL_ROWS else PROGRAMS_PER_SM
+        num_splits = min(triton.cdiv(per_sm * sms, Hkv * row_blocks), MAX_SPLITS)
     tiles_per_split = triton.cdiv(tiles, min(num_splits, tiles))
     return block_m, block_kv, row_blocks, triton.cdiv(tiles, tiles_per_split), tiles_per_split
 
@@ -156,9 +163,11 @@ if HAS_TRITON:
                      o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
         else:
             part = (h * tl.num_programs(1) + s) * rows_pad + rows  # (BLOCK_M,) into (Hkv, S, rows_pad)
-            tl.store(acc_ptr + part[:, None] * HD + d[None, :], acc)
-            tl.store(m_ptr + part, m_i)
-            tl.store(l_ptr + part, l_i)
+            tl.store(m_ptr + part, m_i, mask=row_ok)
+            tl.store(l_ptr + part, l_i, mask=row_ok)
+            # The merge reads a partial accumulator only where its max is finite: a split with no
+            # visible slot (lo >= hi) and the padding rows write nothing else.
+            tl.store(acc_ptr + part[:, None] * HD + d[None, :], acc, mask=row_ok[:, None] & (lo < hi))
 
     @triton.jit
     def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, splits, rows_pad, sot, soh,
@@ -172,10 +181,12 @@ if HAS_TRITON:
         m = tl.load(m_ptr + part, mask=s_ok, other=float("-inf"))
         l_s = tl.load(l_ptr + part, mask=s_ok, other=0.0)
         d = tl.arange(0, HD)
-        acc = tl.load(acc_ptr + part[:, None] * HD + d[None, :], mask=s_ok[:, None], other=0.0)  # (S_BLOCK, HD)
+        # Splits whose tiles were all skipped have m = -inf, weight 0 and no stored accumulator:
+        # their rows are not read (a stale value there could be NaN, and 0 * NaN is NaN).
+        live = s_ok & (m > float("-inf"))
+        acc = tl.load(acc_ptr + part[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)  # (S_BLOCK, HD)
         m_max = tl.max(m, 0)
-        # Splits whose tiles were all skipped have m = -inf: weight 0.
-        w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
+        w = tl.where(live, tl.exp2(m - m_max), 0.0)
         o = tl.sum(acc * w[:, None], 0) / tl.sum(l_s * w, 0)
         tl.store(out_ptr + (r // G) * sot + (h * G + r % G) * soh + d, o.to(out_ptr.dtype.element_ty))
 
