@@ -12,7 +12,9 @@ Per shape, random bf16 weights of the real shape (a step's time does not depend 
            that forward itself), greedy, EOS ignored: TPOT = (t(1 + N) - t(1)) / N
   engine   per variant: t_decode, t_draft, t_verify and t_round, each its own CUDA graph replayed
            back to back (round_profile.component_costs); AR TPOT and wall time per round in real
-           requests; kernels per round and GPU idle inside the decode window (a profiled request)
+           requests; kernels per round and GPU idle inside the decode window (a profiled request),
+           also against the untraced wall time per round (the tracer's gaps left out: see
+           bench/idle_untraced.py)
 Variants name EngineConfig settings: hf | native, then any of -compiled (torch.compile, inductor),
 -fp8 (weight-only FP8, not lossless), -cublas (native_products="cublas": cuBLAS products and separate
 elementwise kernels, the native decoder before the fused products), -triton (native_products="triton":
@@ -124,6 +126,12 @@ def engine_costs(target, draft, name: str, prompts, args) -> dict:
     prof = idle_profile(engine, prompts[0], params) if engine.device.type == "cuda" else {}
     out["kernels_per_round"] = prof.get("kernels_per_round")
     out["gpu_idle_fraction"] = prof.get("gpu_idle_fraction")
+    # the tracer lengthens the replay; bench/idle_untraced.py sets the busy time against the
+    # untraced wall time per round instead
+    out["gpu_busy_us_per_round"] = prof.get("gpu_us_per_round")
+    out["traced_us_per_round"] = prof["window_us"] / max(prof["rounds"], 1) if "window_us" in prof else None
+    busy = out["gpu_busy_us_per_round"]
+    out["idle_untraced"] = 1 - busy / (1000 * spec["wall_per_step_ms"]) if busy else None
     out["top_kernels"] = prof.get("top_kernels", [])[:8]
     out["decoder"] = type(engine.target).__name__
     out["setup_s"] = time.time() - t0
@@ -132,7 +140,8 @@ def engine_costs(target, draft, name: str, prompts, args) -> dict:
                         for t in args.project_tau]
     print(f"  {name}: decode {out['t_decode_ms']:.3f} ms, round {out['t_round_ms']:.3f} ms "
           f"(draft {out['t_draft_ms']:.3f}, verify {out['t_verify_ms']:.3f}), "
-          f"{out['kernels_per_round'] or 0:.0f} kernels/round, idle {100 * (out['gpu_idle_fraction'] or 0):.1f}%",
+          f"{out['kernels_per_round'] or 0:.0f} kernels/round, idle {100 * (out['gpu_idle_fraction'] or 0):.1f}% traced, "
+          f"{100 * (out['idle_untraced'] or 0):.1f}% against the untraced round",
           flush=True)
     return out
 
@@ -142,12 +151,13 @@ def table(shape: str, res: dict) -> str:
     rows = [f"### {shape}: floor {floor:.3f} ms ({res['step_gb']:.2f} GB at {res['copy_gbps']:.0f} GB/s)"
             + (f", transformers static-cache peer {peer:.3f} ms" if peer else ""), "",
             "| variant | decode | round | draft | verify | round/decode | decode/floor | decode/peer | kernels/round "
-            "| idle | AR TPOT (requests) |", "|" + "---|" * 11]
+            "| idle (traced) | idle (untraced round) | AR TPOT (requests) |", "|" + "---|" * 12]
     for name, v in res["variants"].items():
         rows.append(f"| {name} | {v['t_decode_ms']:.3f} | {v['t_round_ms']:.3f} | {v['t_draft_ms']:.3f} "
                     f"| {v['t_verify_ms']:.3f} | {v['t_round_ms'] / v['t_decode_ms']:.2f} "
                     f"| {v['t_decode_ms'] / floor:.2f} | {v['t_decode_ms'] / peer if peer else float('nan'):.2f} "
                     f"| {v['kernels_per_round'] or 0:.0f} | {100 * (v['gpu_idle_fraction'] or 0):.1f}% "
+                    f"| {100 * (v.get('idle_untraced') or 0):.1f}% "
                     f"| {v['ar']['mean_tpot_ms']:.3f} |")
     return "\n".join(rows)
 
