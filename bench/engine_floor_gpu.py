@@ -43,6 +43,7 @@ from round_profile import component_costs, idle_profile, requests
 from splitserve.config import EngineConfig
 from splitserve.evaluation.bench import synthetic_prompts
 from splitserve.speculative.engine import Engine, SamplingParams
+from splitserve.target.native import attention_kernel
 
 
 FLAGS = ("compiled", "fp8", "cublas", "triton", "nopdl", "ipdl")
@@ -175,8 +176,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--project-tau", type=float, nargs="*", default=[])
     ap.add_argument("--no-peer", action="store_true")
+    # the attention kernel's split plan: programs per SM for every launch (default: the shipped rule,
+    # two for decode rows, one for verify rows)
+    ap.add_argument("--attention-programs-per-sm", type=int, default=None)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.attention_programs_per_sm is not None:
+        attention_kernel.PROGRAMS_PER_SM = attention_kernel.PROGRAMS_PER_SM_FULL_ROWS = args.attention_programs_per_sm
     for name in args.variants:
         variant_config(name, 1)
     bandwidth = copy_bandwidth()
