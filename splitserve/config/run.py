@@ -12,7 +12,8 @@ class TargetConfig:
     """The frozen target model and how its hidden states are captured."""
 
     name: str = "smollm2-135m"
-    # "smollm2-135m" resolves to the embedded default; anything else is a HF model directory.
+    # "smollm2-135m" resolves to the embedded default, "gemma3-270m" to the optional second real
+    # target (splitserve/assets.py); anything else is a HF model directory.
     path: str = "smollm2-135m"
     revision: str | None = None  # a branch, tag or commit of a hub model (from_pretrained's `revision`)
     # Run the model's own code from its directory or repo (from_pretrained's `trust_remote_code`).
