@@ -19,7 +19,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -55,6 +55,7 @@ def package_dir(module: str, pip_name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+# The builders are looked up when called (not bound here), so a test can swap one for a stand-in.
 def smollm2_dir() -> Path:
     """A plain HF model directory for SmolLM2-135M-Instruct, created on first use."""
     return _converted_dir(SMOLLM2_NAME, lambda tmp: _build_smollm2(tmp))
@@ -65,7 +66,7 @@ def gemma3_dir() -> Path:
     return _converted_dir(GEMMA3_NAME, lambda tmp: _build_gemma3(tmp))
 
 
-def _converted_dir(name: str, build) -> Path:
+def _converted_dir(name: str, build: Callable[[Path], None]) -> Path:
     """cache_dir()/models/name, written by build(tmp) on first use.
 
     Safe when several processes start at once (a sweep's runs, a torchrun job's ranks): one of
