@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 import torch._inductor.config
+from idle_untraced import traced_us_per_round, untraced_idle
 from roles_gpu import copy_bandwidth, random_target, untrained_draft
 from round_profile import component_costs, idle_profile, requests
 
@@ -127,12 +128,11 @@ def engine_costs(target, draft, name: str, prompts, args) -> dict:
     prof = idle_profile(engine, prompts[0], params) if engine.device.type == "cuda" else {}
     out["kernels_per_round"] = prof.get("kernels_per_round")
     out["gpu_idle_fraction"] = prof.get("gpu_idle_fraction")
-    # the tracer lengthens the replay; bench/idle_untraced.py sets the busy time against the
-    # untraced wall time per round instead
-    out["gpu_busy_us_per_round"] = prof.get("gpu_us_per_round")
-    out["traced_us_per_round"] = prof["window_us"] / max(prof["rounds"], 1) if "window_us" in prof else None
-    busy = out["gpu_busy_us_per_round"]
-    out["idle_untraced"] = 1 - busy / (1000 * spec["wall_per_step_ms"]) if busy else None
+    # the tracer lengthens the replay, so the busy time is also set against the untraced wall
+    # time per round (bench/idle_untraced.py)
+    out["gpu_busy_us_per_round"] = busy = prof.get("gpu_us_per_round")
+    out["traced_us_per_round"] = traced_us_per_round(prof) if "window_us" in prof else None
+    out["idle_untraced"] = untraced_idle(busy, 1000 * spec["wall_per_step_ms"]) if busy else None
     out["top_kernels"] = prof.get("top_kernels", [])[:8]
     out["decoder"] = type(engine.target).__name__
     out["setup_s"] = time.time() - t0

@@ -22,13 +22,23 @@ import json
 from pathlib import Path
 
 
+def traced_us_per_round(profile: dict) -> float:
+    """The traced window of a round_profile.idle_profile result, per round (µs)."""
+    return profile["window_us"] / max(profile["rounds"], 1)
+
+
+def untraced_idle(busy_us: float, untraced_us: float) -> float:
+    """The idle share of a round: traced GPU busy time against the untraced wall time (both µs)."""
+    return 1 - busy_us / untraced_us
+
+
 def rows_of(path: Path) -> list[dict]:
     """(name, kernels, busy, traced, untraced, traced idle) per profiled round in one file."""
     data = json.loads(path.read_text())
     if "profile" in data:  # round_profile.py
         p = data["profile"]
         return [dict(name=path.name, kernels=p["kernels_per_round"], busy_us=p["gpu_us_per_round"],
-                     traced_us=p["window_us"] / max(p["rounds"], 1), untraced_us=1000 * data["spec"]["wall_per_step_ms"],
+                     traced_us=traced_us_per_round(p), untraced_us=1000 * data["spec"]["wall_per_step_ms"],
                      traced_idle=p["gpu_idle_fraction"])]
     rows = []
     for shape, res in data.get("shapes", {}).items():  # engine_floor_gpu.py
@@ -53,7 +63,7 @@ def main() -> None:
         if not rows:
             print(f"| {path.name} | no busy time per round saved | | | | | | |")
         for r in rows:
-            idle = 1 - r["busy_us"] / r["untraced_us"]
+            idle = untraced_idle(r["busy_us"], r["untraced_us"])
             per_kernel = (r["traced_us"] - r["untraced_us"]) / r["kernels"]
             print(f"| {r['name']} | {r['kernels']:.0f} | {r['busy_us']:.0f} µs | {r['traced_us']:.0f} µs "
                   f"| {r['untraced_us']:.0f} µs | {100 * r['traced_idle']:.1f}% | **{100 * idle:.1f}%** "
