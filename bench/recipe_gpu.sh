@@ -6,10 +6,12 @@
 #                                                   (bench/recipe_sources.py), and the held-out chitchat
 #                                                   prompts with their history regenerated greedily
 #                                                   (SRC_DIR holding both files from an earlier gen: reused)
-#   bash bench/recipe_gpu.sh gen_greedy             the same prompts as train_sampled.jsonl (its user turns)
-#                                                   answered greedily: train_greedy.jsonl, and
-#                                                   train_sampled_matched.jsonl, the sampled rows of the
-#                                                   prompts it reached (GEN_SECONDS may stop it early)
+#                                                   (GREEDY=1: the same prompts answered greedily
+#                                                   alongside, sharing the GPU: see gen_greedy)
+#   bash bench/recipe_gpu.sh gen_greedy             the prompts of the last gen answered greedily
+#                                                   (train_greedy.jsonl); then train_{sampled,greedy}_matched.jsonl,
+#                                                   each file's rows of the prompts both reached
+#                                                   (GEN_SECONDS may stop either early)
 #   bash bench/recipe_gpu.sh train MINUTES SEED...  bench/ablation_gpu.py train, one sweep per seed, all at once
 #   bash bench/recipe_gpu.sh eval  SEED...          bench/ablation_gpu.py eval (serving engine), then a tarball
 #   bash bench/recipe_gpu.sh tpot  SEED             the best draft's spec vs AR TPOT (splitserve bench), FP8 agreement
@@ -33,17 +35,18 @@ export PYTHONUNBUFFERED=1
 
 write_gen_job() {  # $WORK/gen_job.py WORK NAME runs one generation job of the recipe
     cat > "$WORK/gen_job.py" <<'PY'
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 from splitserve.data.gen import GenConfig, run_gen
 work, name = Path(sys.argv[1]), sys.argv[2]
-common = dict(target="smollm2-135m", max_new_tokens=256, batch_size=256, device="cuda", dtype="bfloat16")
+common = dict(target="smollm2-135m", max_new_tokens=256, batch_size=256,  # GEN_DEVICE=cpu to try it out
+              device=os.environ.get("GEN_DEVICE", "cuda"), dtype=os.environ.get("GEN_DTYPE", "bfloat16"))
 jobs = {
     # DeepSpec regenerates its training replies with these sampling settings
     "train_sampled": GenConfig(data=str(work / "prompts.jsonl"), out=str(work / "train_sampled.jsonl"),
                                temperature=0.7, top_p=0.8, top_k=20, max_turns=2, **common),
-    # the same conversations' user turns, answered greedily (exactly the sampled set's prompts)
-    "train_greedy": GenConfig(data=str(work / "train_sampled.jsonl"), out=str(work / "train_greedy.jsonl"),
+    # the same prompts (user turns), answered greedily
+    "train_greedy": GenConfig(data=str(work / "prompts.jsonl"), out=str(work / "train_greedy.jsonl"),
                               temperature=0.0, max_turns=2, **common),
     # held-out prompts: every history turn is the target's own greedy reply (the last reply is dropped
     # when the file is read as prompts)
@@ -73,6 +76,23 @@ open(sys.argv[1], "w").write("".join(g + "\n" for g in good))
 rows = [json.loads(g).get("gen", {}) for g in good]
 print(f"{sys.argv[1]}: {len(rows)} rows, {sum(r.get('turns', 0) for r in rows)} replies, "
       f"{sum(r.get('new_tokens', 0) for r in rows)} reply tokens ({len(lines) - len(good)} torn lines dropped)")
+PY
+}
+
+match_greedy() {  # each of train_{sampled,greedy}.jsonl cut to the prompts both reached
+    drop_torn_lines "$WORK/train_greedy.jsonl"
+    # gen.source_line: the 1-based line of prompts.jsonl a row answers; rows in prompt order
+    python3 - "$WORK" <<'PY'
+import json, sys
+from pathlib import Path
+work = Path(sys.argv[1])
+rows = {k: {json.loads(l)["gen"]["source_line"]: l for l in (work / f"train_{k}.jsonl").read_text().splitlines()}
+        for k in ("sampled", "greedy")}
+both = sorted(set(rows["sampled"]) & set(rows["greedy"]))
+for k, by_line in rows.items():
+    out = work / f"train_{k}_matched.jsonl"
+    out.write_text("".join(by_line[i] + "\n" for i in both))
+    print(f"{out.name}: {len(both)} of {len(by_line)} rows, the prompts both files answer")
 PY
 }
 
@@ -106,31 +126,29 @@ PY
     t0=$(date +%s)
     python3 "$WORK/gen_job.py" "$WORK" heldout_regen > "$WORK/gen_heldout.log" 2>&1 &
     held=$!
+    if [ -n "${GREEDY:-}" ]; then  # small-batch decoding leaves the GPU room for a second job
+        timeout "${GEN_SECONDS:-100000}" python3 "$WORK/gen_job.py" "$WORK" train_greedy > "$WORK/gen_greedy.log" 2>&1 &
+        greedy=$!
+    fi
     timeout "${GEN_SECONDS:-100000}" python3 "$WORK/gen_job.py" "$WORK" train_sampled > "$WORK/gen_sampled.log" 2>&1 \
         || echo "train_sampled stopped after $(( $(date +%s) - t0 )) s (GEN_SECONDS=${GEN_SECONDS:-}); keeping the rows written"
     wait "$held"
-    tail -n 3 "$WORK/gen_heldout.log" "$WORK/gen_sampled.log"
+    [ -n "${GREEDY:-}" ] && { wait "$greedy" || echo "train_greedy stopped (GEN_SECONDS=${GEN_SECONDS:-}); keeping the rows written"; }
+    tail -n 3 "$WORK"/gen_*.log
     drop_torn_lines "$WORK/train_sampled.jsonl"
-    [ -n "${OUT:-}" ] && cp "$WORK"/train_sampled.jsonl "$WORK"/heldout_regen.jsonl "$WORK"/gen_summary_*.json \
+    [ -n "${GREEDY:-}" ] && match_greedy
+    [ -n "${OUT:-}" ] && cp "$WORK"/train_*.jsonl "$WORK"/heldout_regen.jsonl "$WORK"/gen_summary_*.json \
         "$WORK"/gen_*.log "$OUT"/ || true
     ;;
 gen_greedy)
+    [ -f "$WORK/prompts.jsonl" ] || { echo "gen_greedy: no $WORK/prompts.jsonl; run gen on this machine first"; exit 1; }
     write_gen_job
     timeout "${GEN_SECONDS:-100000}" python3 "$WORK/gen_job.py" "$WORK" train_greedy > "$WORK/gen_greedy.log" 2>&1 \
         || echo "train_greedy stopped (GEN_SECONDS=${GEN_SECONDS:-}); keeping the rows written"
     tail -n 2 "$WORK/gen_greedy.log"
-    drop_torn_lines "$WORK/train_greedy.jsonl"
-    # the sampled rows of exactly the prompts answered greedily (gen.source_line: 1-based line of
-    # train_sampled.jsonl), in the same order as train_sampled.jsonl
-    python3 - "$WORK/train_sampled.jsonl" "$WORK/train_greedy.jsonl" "$WORK/train_sampled_matched.jsonl" <<'PY'
-import json, sys
-sampled = open(sys.argv[1]).read().splitlines()
-reached = {json.loads(line)["gen"]["source_line"] for line in open(sys.argv[2])}
-kept = [line for i, line in enumerate(sampled, 1) if i in reached]
-open(sys.argv[3], "w").write("".join(line + "\n" for line in kept))
-print(f"{sys.argv[3]}: {len(kept)} of {len(sampled)} sampled rows, the prompts answered greedily")
-PY
-    [ -n "${OUT:-}" ] && cp "$WORK"/train_greedy.jsonl "$WORK"/gen_summary_train_greedy.json "$WORK"/gen_greedy.log "$OUT"/ || true
+    match_greedy
+    [ -n "${OUT:-}" ] && cp "$WORK"/train_greedy*.jsonl "$WORK"/train_sampled_matched.jsonl "$WORK"/gen_summary_train_greedy.json \
+        "$WORK"/gen_greedy.log "$OUT"/ || true
     ;;
 train)
     minutes=${2:?MINUTES}; shift 2
