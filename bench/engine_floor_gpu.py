@@ -134,6 +134,7 @@ def engine_costs(target, draft, name: str, prompts, args) -> dict:
     out["traced_us_per_round"] = traced_us_per_round(prof) if "window_us" in prof else None
     out["idle_untraced"] = untraced_idle(busy, 1000 * spec["wall_per_step_ms"]) if busy else None
     out["top_kernels"] = prof.get("top_kernels", [])[:8]
+    out["launches_per_round"] = prof.get("launches_per_round", {})
     out["decoder"] = type(engine.target).__name__
     out["setup_s"] = time.time() - t0
     out["projected"] = [{"tau": t, "spec_tpot_ms": spec["wall_per_step_ms"] / t,

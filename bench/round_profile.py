@@ -173,6 +173,9 @@ def idle_profile(engine: Engine, prompt: list[int], params: SamplingParams) -> d
         "kernels_per_round": sum(len(v) for v in kernels.values()) / max(rounds, 1),
         "top_kernels": [{"name": k[:120], "calls": len(v), "total_us": sum(v), "share": sum(v) / busy_us}
                         for k, v in top],
+        # every kernel of the window, most launched first: where the round's launches come from
+        "launches_per_round": {k[:120]: len(v) / max(rounds, 1)
+                               for k, v in sorted(kernels.items(), key=lambda kv: -len(kv[1]))},
     }
 
 
