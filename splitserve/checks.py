@@ -25,17 +25,73 @@ def user_error_types() -> tuple[type[BaseException], ...]:
             UnsupportedTargetError)
 
 
+def check_run_config(cfg) -> None:
+    """The settings of a train or dump run that name a choice or a count, checked before anything
+    loads: a UserError naming the key, its value and what it may be (a typo otherwise surfaced
+    deep in a step, after the target's weights were read, as a traceback)."""
+    from splitserve.errors import UserError
+    from splitserve.models.heads import MARKOV_TYPES
+    from splitserve.target import BACKENDS
+    from splitserve.target.hf import DTYPES
+    from splitserve.train.losses import ACCEPTANCES, DISTANCES, LOSSES, WEIGHTINGS
+
+    choices = {
+        "target.backend": (cfg.target.backend, BACKENDS),
+        "target.dtype": (cfg.target.dtype, tuple(DTYPES)),
+        "draft.markov_head_type": (cfg.draft.markov_head_type, MARKOV_TYPES),
+        "loss.kind": (cfg.loss.kind, tuple(LOSSES)),
+        "loss.weighting": (cfg.loss.weighting, WEIGHTINGS),
+        "loss.distance": (cfg.loss.distance, DISTANCES),
+        "loss.acceptance": (cfg.loss.acceptance, ACCEPTANCES),
+        "train.backend": (cfg.train.backend, ("plain", "deepspeed")),
+        "train.precision": (cfg.train.precision, ("fp32", "bf16")),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise UserError(f"{key}={value!r}: must be one of {', '.join(map(str, allowed))}")
+    at_least = {
+        "draft.block_size": (cfg.draft.block_size, 1), "draft.num_layers": (cfg.draft.num_layers, 1),
+        "draft.markov_rank": (cfg.draft.markov_rank, 0), "train.batch_size": (cfg.train.batch_size, 1),
+        "train.anchors_per_seq": (cfg.train.anchors_per_seq, 1),
+        "train.grad_accum_steps": (cfg.train.grad_accum_steps, 1),
+        "train.max_steps": (cfg.train.max_steps, 0), "data.max_length": (cfg.data.max_length, 2),
+    }
+    for key, (value, low) in at_least.items():
+        if value < low:
+            raise UserError(f"{key}={value}: must be at least {low}")
+    if not cfg.train.lr > 0:
+        raise UserError(f"train.lr={cfg.train.lr}: must be positive")
+
+
 def check_train_data(cfg) -> None:
-    """Read every data file a train run will use before the target loads: a missing, empty,
-    non-UTF-8 or malformed file is a one-line DataError naming the file and row."""
+    """Read every data file a train run will use before the target loads: a missing, empty or
+    non-UTF-8 file, or one with no usable row, is a one-line DataError naming the file and row.
+    A bad row (malformed JSON, not an object, not a known shape) is an error with data.strict;
+    otherwise the data loader skips and counts it, so it is let through here."""
     from splitserve.data import resolve_prompts_path, resolve_train_path
+    from splitserve.data.formats import parse_messages
     from splitserve.data.prompts import read_prompts
-    from splitserve.data.rows import DataError, iter_rows
+    from splitserve.data.rows import DataError, NotUTF8Error, iter_raw_rows
 
     if not cfg.data.dump_dir:
         path = resolve_train_path(cfg.data.train_path)
-        for _ in iter_rows(path):  # an empty file, or a bad byte or line anywhere, named by its row
-            pass
+        rows, usable, first_bad = 0, 0, None
+        for _, row, where in iter_raw_rows(path):  # an empty or unreadable file raises, named
+            rows += 1
+            try:
+                if isinstance(row, DataError):
+                    raise row
+                parse_messages(row, where)
+            except DataError as exc:
+                # A bad byte means the file is in another encoding: skipping its lines would
+                # quietly drop every row with a non-ASCII character, so it stops the run.
+                if cfg.data.strict or isinstance(exc, NotUTF8Error):
+                    raise
+                first_bad = first_bad or exc
+                continue
+            usable += 1
+        if not usable:
+            raise DataError(f"{path}: no usable row among {rows} (every row is malformed; the first: {first_bad})")
     if cfg.eval.enabled:
         path = resolve_prompts_path(cfg.data.heldout_prompts)
         if not read_prompts(path):
@@ -68,14 +124,20 @@ def check_prompts(name: str, flag: str) -> None:
         raise DataError(f"{flag} {path}: no prompts (the file is empty)")
 
 
-def check_export_dir(out_dir: str, force: bool) -> Path:
+def check_export_dir(out_dir: str, force: bool, source: str | None = None) -> Path:
     """Refuse to write into a non-empty OUT_DIR (a stale file there, e.g. calibration.json, would
-    be served with the new weights) unless --force, which replaces it whole."""
+    be served with the new weights) unless --force, which replaces it whole; and refuse, whatever
+    --force says, an OUT_DIR that is the draft being exported (`source`) or a folder holding it:
+    replacing it would delete what is being read."""
     from splitserve.errors import UserError
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"OUT_DIR {out} is a file, not a directory")
+    if source is not None and out.exists():
+        src = Path(source).resolve()
+        if src == out.resolve() or out.resolve() in src.parents:
+            raise UserError(f"OUT_DIR {out} holds the draft being exported ({source}); pick another OUT_DIR")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(f"OUT_DIR {out} is not empty; pass --force to replace it")
     return out

@@ -41,11 +41,14 @@ def read_draft_meta(path: str | Path) -> DraftMeta:
         meta = json.loads((path / ARCH_FILE).read_text())
         return DraftMeta(path, DSparkArch.from_dict(meta["arch"]), "run", meta.get("target_path"))
     if (path / "config.json").exists():
-        from splitserve.export.hf import ARCHITECTURE, DSparkConfig
+        from splitserve.export.hf import ARCHITECTURE, DSparkConfig, required_config_keys
 
         raw = json.loads((path / "config.json").read_text())
         if ARCHITECTURE not in (raw.get("architectures") or []):
             raise ValueError(f"{path}/config.json is not a DSpark draft (architectures={raw.get('architectures')})")
+        missing = [key for key in required_config_keys() if key not in raw]
+        if missing:  # the config class would fill them with its defaults (block_size 8, ...): a wrong draft
+            raise ValueError(f"{path}/config.json lacks {', '.join(missing)}, which every DSpark export states")
         return DraftMeta(path, DSparkConfig.from_pretrained(path).to_arch(), "export", None)
     raise FileNotFoundError(
         f"{path} is neither a splitserve run directory ({ARCH_FILE}) nor a DSpark export (config.json)"
@@ -99,9 +102,11 @@ def target_config_for(meta: DraftMeta, models: ModelsConfig) -> TargetConfig:
     against it), else the embedded default."""
     if models.target:
         path, name = models.target, Path(models.target).name
-    else:
-        path = meta.target_path or DEFAULT_TARGET
+    elif meta.target_path:
+        path = meta.target_path
         name = meta.arch.target_name or Path(path).name
+    else:  # an export names its target but not where it is: the embedded default, named as such
+        path = name = DEFAULT_TARGET
     return TargetConfig(name=name, path=path, device=models.device, dtype=resolve_dtype(models.dtype, models.device),
                         layer_ids=list(meta.arch.target_layer_ids), revision=models.revision,
                         trust_remote_code=models.trust_remote_code)

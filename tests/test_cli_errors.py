@@ -112,3 +112,59 @@ def test_export_refuses_a_non_empty_directory_unless_forced(tiny_smol_dir, draft
     assert "OUT_DIR" in msg and "--force" in msg and (out / "calibration.json").exists()
     cli.main(["export", str(draft_dir), str(out), "--target", str(tiny_smol_dir), "--force"])
     assert (out / "model.safetensors").exists() and not (out / "calibration.json").exists()
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("draft.block_size=0", "draft.block_size=0: must be at least 1"),
+    ("draft.markov_head_type=foo", "draft.markov_head_type='foo'"),
+    ("loss.kind=bogus", "loss.kind='bogus'"),
+    ("train.backend=bogus", "train.backend='bogus'"),
+    ("train.batch_size=0", "train.batch_size=0"),
+    ("target.dtype=fp8", "target.dtype='fp8'"),
+])
+def test_train_settings_are_checked_before_anything_loads(tmp_path, override, needle):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    assert_one_line(_train(data, tmp_path, override), "splitserve train:", needle)
+
+
+@pytest.mark.parametrize("config, needle", [
+    (None, "its config cannot be read"),  # no config.json at all
+    ("{not json", "its config cannot be read"),
+    ('{"model_type": "frobnicator"}', "its config cannot be read"),
+    ('{"model_type": "bert", "architectures": ["BertLMHeadModel"], "is_decoder": true}', "bidirectional encoder"),
+])
+def test_a_target_directory_that_cannot_be_a_target_is_one_line(tmp_path, config, needle):
+    target = tmp_path / "target"
+    target.mkdir()
+    if config is not None:
+        (target / "config.json").write_text(config)
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    proc = run("train", f"target.path={target}", "target.name=x", f"data.train_path={data}", "eval.enabled=false",
+               f"run_dir={tmp_path / 'run'}")
+    assert_one_line(proc, "splitserve train:", needle)
+
+
+def test_export_never_replaces_the_draft_it_reads(tiny_smol_dir, draft_dir, tmp_path):
+    import shutil
+
+    src = tmp_path / "parent" / "draft"
+    shutil.copytree(draft_dir, src)
+    for out in (src, src.parent):  # the draft itself, and a folder holding it
+        msg = main_error("export", str(src), str(out), "--target", str(tiny_smol_dir), "--force")
+        assert "holds the draft being exported" in msg
+    assert (src / "model.safetensors").exists() and (src / "config.json").exists()
+
+
+def test_an_export_config_missing_an_architecture_key_is_refused(tiny_smol_dir, draft_dir, tmp_path):
+    import json
+    import shutil
+
+    src = tmp_path / "draft"
+    shutil.copytree(draft_dir, src)
+    config = json.loads((src / "config.json").read_text())
+    del config["block_size"]  # the config class would quietly fill in 8
+    (src / "config.json").write_text(json.dumps(config))
+    msg = main_error("export", str(src), str(tmp_path / "out"), "--target", str(tiny_smol_dir))
+    assert "lacks block_size" in msg

@@ -158,3 +158,91 @@ def test_unreadable_file_is_one_line(tmp_path):
     with pytest.raises(DataError, match=r"dir\.jsonl") as err:
         list(iter_rows(path))
     assert "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- byte order mark
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def test_bom_jsonl_reads_its_first_row(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(BOM + "".join(json.dumps(r) + "\n" for r in ROWS).encode())
+    assert list(read_conversations(path)) == list(read_conversations(_jsonl(tmp_path / "plain.jsonl", ROWS)))
+    assert [n for n, _, _ in iter_rows(path)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("lead", [b"", b"\n  "])
+def test_bom_json_array_is_read_as_an_array(tmp_path, lead):
+    path = tmp_path / "bom.json"
+    path.write_bytes(BOM + lead + json.dumps(ROWS, indent=2).encode())
+    assert [where for _, _, where in iter_rows(path)] == [f"{path}: row {i}" for i in (1, 2, 3)]
+    assert len(read_prompts(path)) == 3
+
+
+def test_bom_only_at_the_start_and_bad_bytes_still_named(tmp_path):
+    path = tmp_path / "bom2.jsonl"
+    path.write_bytes(BOM + json.dumps(ROWS[0]).encode() + b"\n" + BOM + json.dumps(ROWS[1]).encode() + b"\n")
+    with pytest.raises(DataError, match=r"bom2\.jsonl:2: malformed JSON"):
+        list(iter_rows(path))
+    path.write_bytes(BOM + b'{"prompt": "caf\xe9", "response": "x"}\n')
+    with pytest.raises(DataError, match=r"bom2\.jsonl:1: not UTF-8 text \(byte 0xe9 at column 16\)"):
+        list(iter_rows(path))
+
+
+# --------------------------------------------------------------------------- content parts
+
+
+def _parts(*texts):
+    return [{"type": "text", "text": t} for t in texts]
+
+
+def test_text_content_parts_are_joined(tmp_path):
+    row = {"messages": [{"role": "system", "content": _parts("Be brief.")},
+                        {"role": "user", "content": _parts("hi", " there")},
+                        {"role": "assistant", "content": _parts("Hello", "!")}]}
+    want = _msgs(("system", "Be brief."), ("user", "hi there"), ("assistant", "Hello!"))
+    assert list(read_conversations(_jsonl(tmp_path / "p.jsonl", [row]))) == [(1, want)]
+    # Columnar: Arrow stores the parts as structs (an absent key is None).
+    datasets.Dataset.from_list([row]).to_parquet(str(tmp_path / "p.parquet"))
+    assert list(read_conversations(tmp_path / "p.parquet")) == [(1, want)]
+
+
+@pytest.mark.parametrize("part, complaint", [
+    ({"type": "image_url", "image_url": {"url": "http://x/cat.png"}},
+     r"content\[1\] has type 'image_url': non-text parts are not supported"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+     r"content\[1\] has type 'input_audio': non-text parts are not supported"),
+    ({"text": "no type"}, r"content\[1\] has type None: non-text parts are not supported"),
+    ("bare string", r"content\[1\] must be a content part object, got str"),
+    ({"type": "text", "text": 3}, r"content\[1\] 'text' must be a string, got int"),
+])
+def test_non_text_content_parts_name_the_row(tmp_path, part, complaint):
+    row = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, part]},
+                        {"role": "assistant", "content": "A cat."}]}
+    path = _jsonl(tmp_path / "img.jsonl", [ROWS[0], row])
+    with pytest.raises(DataError, match=r"img\.jsonl:2: messages\[0\] " + complaint) as err:
+        list(read_conversations(path))
+    assert "\n" not in str(err.value)
+
+
+def test_sharegpt_value_stays_a_string(tmp_path):
+    """Content parts are an OpenAI shape: a ShareGPT 'value' list is refused as before."""
+    row = {"conversations": [{"from": "human", "value": _parts("hi")}, {"from": "gpt", "value": "Hello."}]}
+    with pytest.raises(DataError, match=r"s\.jsonl:1: conversations\[0\] content must be a string, got list"):
+        list(read_conversations(_jsonl(tmp_path / "s.jsonl", [row])))
+    assert list(read_conversations(_jsonl(tmp_path / "ok.jsonl", [SHAPES[0][0]]))) == [(1, SHAPES[0][1])]
+
+
+def test_gen_reads_bom_files_and_text_parts(tmp_path):
+    from splitserve.data.gen_plan import read_sources
+
+    row = {"messages": [{"role": "user", "content": _parts("hi", " there")}, {"role": "assistant", "content": "x"}]}
+    path = tmp_path / "g.jsonl"
+    path.write_bytes(BOM + (json.dumps(row) + "\n").encode())
+    assert [s.turns for s in read_sources(path)] == [[[{"role": "user", "content": "hi there"}]]]
+    row["messages"][0]["content"].append({"type": "image_url", "image_url": {"url": "x.png"}})
+    path.write_bytes(BOM + (json.dumps(row) + "\n").encode())
+    with pytest.raises(DataError, match=r"g\.jsonl:1: messages\[0\] content\[2\] has type 'image_url': non-text"):
+        read_sources(path)

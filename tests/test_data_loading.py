@@ -12,6 +12,7 @@ import pytest
 
 import splitserve.data.samples as samples_mod
 import splitserve.train.loop as loop
+from splitserve.checks import check_train_data
 from splitserve.config import DataConfig, DraftConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
 from splitserve.data import DataError, LoadOptions, load_samples
 from splitserve.target.hf import load_hf_target
@@ -139,3 +140,80 @@ def test_concurrent_loaders_tokenize_once(tmp_path, smollm2_tokenizer, monkeypat
     assert len(calls) == 1
     assert sorted(r[1].cached for r in results) == [False, True, True]
     assert len({tuple(map(tuple, (s.input_ids for s in r[0]))) for r in results}) == 1
+
+
+# --------------------------------------------------------------------------- the check before a train run
+
+
+def _check(path: Path, strict: bool = False) -> None:
+    check_train_data(RunConfig(data=DataConfig(train_path=str(path), strict=strict), eval=EvalConfig(enabled=False)))
+
+
+IMAGE = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
+                                                   {"type": "image_url", "image_url": {"url": "x.png"}}]},
+                      {"role": "assistant", "content": "A cat."}]}
+
+
+def test_train_check_lets_bad_rows_through_to_be_counted(tmp_path, smollm2_tokenizer):
+    """Without data.strict a bad row is the loader's to skip and count, not a reason to stop."""
+    path = _write(tmp_path / "d.jsonl", [GOOD, '{"messages": [1, 2', "[1, 2]", IMAGE, GOOD])
+    _check(path)
+    samples, stats = load_samples(path, smollm2_tokenizer, 64)
+    assert [s.source for s in samples] == [f"{path}:1", f"{path}:5"]
+    assert stats.skipped["malformed"] == [f"{path}:2", f"{path}:3", f"{path}:4"]
+    assert f"3 malformed skipped ({path}:2, {path}:3, {path}:4)" in stats.summary()
+    with pytest.raises(DataError, match=r"d\.jsonl:2: malformed JSON \(Expecting"):
+        _check(path, strict=True)
+    for line, complaint in [("[1, 2]", r"d\.jsonl:2: expected a JSON object, got list"),
+                            (IMAGE, r"d\.jsonl:2: messages\[0\] content\[1\] has type 'image_url': non-text")]:
+        _write(path, [GOOD, line])
+        _check(path)
+        with pytest.raises(DataError, match=complaint) as err:
+            _check(path, strict=True)
+        assert "\n" not in str(err.value)
+
+
+def test_train_check_fails_when_no_row_is_usable(tmp_path):
+    path = _write(tmp_path / "junk.jsonl", ["{not json", "[1, 2]", {"text": "no shape"}])
+    with pytest.raises(DataError, match=r"junk\.jsonl: no usable row among 3 \(every row is malformed; the first: "
+                                        r".*junk\.jsonl:1: malformed JSON") as err:
+        _check(path)
+    assert "\n" not in str(err.value)
+
+
+def test_train_check_still_stops_at_a_bad_byte(tmp_path):
+    """A line that is not UTF-8 means the file's encoding is wrong: an error with or without strict."""
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + '{"prompt": "caf\u00e9", "response": "x"}'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1\.jsonl:2: not UTF-8 text"):
+        _check(path)
+
+
+def test_bom_and_text_parts_give_the_plain_samples(tmp_path, smollm2_tokenizer):
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+                          {"role": "assistant", "content": [{"type": "text", "text": "Hello"},
+                                                            {"type": "text", "text": " there."}]}]}
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (json.dumps(parts) + "\n" + json.dumps(GOOD) + "\n").encode())
+    _check(path, strict=True)
+    got, stats = load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(strict=True))
+    want, _ = load_samples(_write(tmp_path / "plain.jsonl", [GOOD, GOOD]), smollm2_tokenizer, 64)
+    assert stats.samples == 2 and not stats.skipped
+    assert [(s.input_ids, s.loss_mask) for s in got] == [(s.input_ids, s.loss_mask) for s in want]
+
+
+def test_train_cli_skips_a_malformed_line(tiny_smol_dir, tmp_path, monkeypatch, capsys):
+    """End to end through `splitserve train`: the run goes on and its data summary counts the rows."""
+    from splitserve import cli
+
+    monkeypatch.setenv("SPLITSERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path / "d.jsonl", [GOOD, '{"messages": [1, 2', "[1, 2]", GOOD])
+    cli.main(["train", f"target.path={tiny_smol_dir}", "target.name=tiny-smol", "target.layer_ids=[0,1,2]",
+              f"data.train_path={path}", "eval.enabled=false", "draft.num_layers=1", "draft.intermediate_size=32",
+              "draft.markov_rank=4", "draft.block_size=4", "train.max_steps=1", "train.batch_size=2",
+              "train.anchors_per_seq=4", "train.device=cpu", f"run_dir={tmp_path / 'run'}"])
+    out = capsys.readouterr().out
+    assert f"4 rows -> 2 samples, 0 empty skipped, 2 malformed skipped ({path}:2, {path}:3)" in out
+    assert (tmp_path / "run" / "checkpoints" / "latest").exists()

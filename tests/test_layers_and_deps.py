@@ -19,7 +19,9 @@ def test_default_layer_rule():
 
 
 def test_layer_ids_validation():
-    with pytest.raises(ValueError, match="out of range"):
+    from splitserve.errors import UserError  # a user's setting: one line at the CLI, no traceback
+
+    with pytest.raises(UserError, match="target.layer_ids .* out of range"):
         check_layer_ids([1, 29], 30)
 
 

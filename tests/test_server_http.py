@@ -178,6 +178,89 @@ def test_chat_template_file_and_kwargs_reach_the_template(server, client):
     assert shout.usage.prompt_tokens == len(tok("<user>hello there!!!<a>", add_special_tokens=False)["input_ids"])
 
 
+def _post(server, path: str, obj, content_type: str | None = "application/json") -> tuple[int, dict, dict]:
+    """A JSON body sent as is (json.dumps keeps a lone surrogate as its \\ud800 escape)."""
+    body = json.dumps(obj).encode() if not isinstance(obj, bytes) else obj
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n"
+    if content_type is not None:
+        head += f"Content-Type: {content_type}\r\n"
+    status, headers, payload = _raw(server, (head + "\r\n").encode() + body)
+    return status, headers, json.loads(payload)
+
+
+def test_null_optional_fields_mean_their_defaults(server, client):
+    # clients that send every optional field send null for the unset ones
+    nulls = {"temperature": None, "top_p": None, "top_k": None, "stream": None, "ignore_eos": None, "seed": None,
+             "stop": None, "stream_options": None, "max_completion_tokens": None, "n": None}
+    status, _, reply = _post(server, "/v1/chat/completions",
+                             {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                              **nulls})
+    assert status == 200 and reply["usage"]["completion_tokens"] >= 1
+
+
+def test_a_reply_object_sent_back_as_history_is_served(client):
+    first = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                           temperature=0)
+    history = [{"role": "user", "content": "hi"}, first.choices[0].message.model_dump(),
+               {"role": "user", "content": "and?"}]
+    assert {"refusal", "tool_calls", "annotations"} <= set(history[1])  # what the client's object carries
+    again = client.chat.completions.create(model=MODEL, messages=history, max_tokens=2, temperature=0)
+    assert again.usage.completion_tokens >= 1
+    tool_turn = [*history[:2], {"role": "tool", "content": "42", "tool_call_id": "call_1"},
+                 {"role": "user", "content": "so?"}]
+    assert client.chat.completions.create(model=MODEL, messages=tool_turn, max_tokens=2).usage.completion_tokens >= 1
+    called = [{"role": "user", "content": "hi"},
+              {"role": "assistant", "content": None,
+               "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+              {"role": "user", "content": "so?"}]
+    with pytest.raises(openai.BadRequestError, match="messages.1: unsupported field 'tool_calls'"):
+        client.chat.completions.create(model=MODEL, messages=called, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="messages.0: unknown field 'colour'"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x", "colour": "red"}],
+                                       max_tokens=2)
+    _still_serves(client)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "a\udc80b", "max_tokens": 2}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}], "max_tokens": 2},
+     "messages.0.content"),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 2, "model": "\ud800"}, "model"),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 2, "seed": 2**70}, "seed"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                              "chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
+])
+def test_input_no_tokenizer_or_generator_takes_is_a_400_naming_the_field(server, client, path, body, param):
+    status, _, reply = _post(server, path, body)
+    assert status == 400 and reply["error"]["param"] == param, reply
+    _still_serves(client)
+
+
+def test_a_tiny_temperature_or_top_p_decodes_greedily(client):
+    greedy = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=8, temperature=0,
+                                       extra_body={"ignore_eos": True}).choices[0].text
+    for kwargs in ({"temperature": 5e-324}, {"temperature": 1.0, "top_p": 1e-300}):
+        res = client.completions.create(model=MODEL, prompt="Once upon", max_tokens=8, seed=3,
+                                        extra_body={"ignore_eos": True}, **kwargs)
+        assert res.choices[0].text == greedy, kwargs
+
+
+def test_body_media_type_json_errors_and_the_smaller_routes(server, client):
+    body = {"prompt": "hi", "max_tokens": 2, "temperature": 0}
+    status, _, reply = _post(server, "/v1/completions", b"prompt=hi", "application/x-www-form-urlencoded")
+    assert status == 415 and "application/json" in reply["error"]["message"]
+    assert _post(server, "/v1/completions", body, None)[0] == 200  # no Content-Type: taken as JSON
+    assert _post(server, "/v1/completions", body, "application/json; charset=utf-8")[0] == 200
+    status, _, reply = _post(server, "/v1/completions", b'{"prompt": ')
+    assert status == 400 and reply["error"]["param"] is None and "not valid JSON" in reply["error"]["message"]
+    assert _post(server, "/v1/completions", {**body, "parallel_tool_calls": True})[0] == 200  # OpenAI's default
+    assert _raw(server, _req("HEAD", "/health"))[0] == 200
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
+    _still_serves(client)
+
+
 def test_metrics_use_vllm_names_and_count_errors(server, client):
     before_404 = _metric(server, 'splitserve_http_errors_total{status="404"}')
     before_ttft = _metric(server, f'vllm:time_to_first_token_seconds_count{{model_name="{MODEL}"}}')

@@ -3,6 +3,7 @@ in-process training; checkpoints refuse damaged files."""
 
 import json
 import math
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import torch
 
 import splitserve.train.loop as loop
 from splitserve.config import DataConfig, DraftConfig, DumpConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
+from splitserve.errors import UserError
 from splitserve.loading import load_draft
-from splitserve.models.run_files import CheckpointError, checkpoint_dirs, latest_checkpoint
+from splitserve.models.run_files import CheckpointError, CheckpointMismatchError, checkpoint_dirs, latest_checkpoint
 from splitserve.target.hf import load_hf_target
 
 SAMPLE_CHAT = str(Path(__file__).resolve().parents[1] / "data" / "sample_chat.jsonl")
@@ -141,8 +143,6 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous_one(tiny_smol_dir
 
 
 def test_latest_never_names_a_missing_checkpoint(tiny_smol_dir, tiny_smol_target, tmp_path):
-    import shutil
-
     run = tmp_path / "run"
     loop.train(_cfg(tiny_smol_dir, run), tiny_smol_target)
     shutil.rmtree(checkpoint_dirs(run)[6])  # the broken newest one deleted by hand
@@ -183,3 +183,89 @@ def test_loss_chunk_rows_reaches_the_loss_through_the_loop(tiny_smol_dir, tiny_s
         assert math.isclose(chunked[key], whole[key], rel_tol=1e-5, abs_tol=1e-7), key
     with pytest.raises(ValueError, match="loss_chunk_rows"):
         loop.train(_cfg(tiny_smol_dir, tmp_path / "bad", loss_chunk_rows=-1), tiny_smol_target)
+
+
+def _snapshot(run: Path) -> dict[str, bytes]:
+    """Every file of a run directory -> its bytes (metrics.jsonl and all)."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def _two_layer_cfg(tiny_smol_dir, run, **train_kw):
+    cfg = _cfg(tiny_smol_dir, run, **train_kw)
+    cfg.draft = replace(cfg.draft, num_layers=2)
+    return cfg
+
+
+def test_another_draft_shape_is_refused_and_changes_nothing(tiny_smol_dir, tiny_smol_target, tmp_path):
+    """A rerun of a run dir with draft.num_layers changed is refused in one line naming the field,
+    before anything in the run changes (no checkpoint set aside as corrupt, draft_arch.json as it
+    was); the original config then resumes the intact checkpoints."""
+    run = tmp_path / "run"
+    first = loop.train(_cfg(tiny_smol_dir, run, max_steps=2, save_every=1), tiny_smol_target)
+    before = _snapshot(run)
+    with pytest.raises(UserError) as err:
+        loop.train(_two_layer_cfg(tiny_smol_dir, run, max_steps=2, save_every=1), tiny_smol_target)
+    msg = str(err.value)
+    assert "\n" not in msg and "num_layers 1 in the run vs 2 requested" in msg and "new run_dir" in msg
+    assert _snapshot(run) == before
+    again = loop.train(_cfg(tiny_smol_dir, run, max_steps=2, save_every=1), tiny_smol_target)
+    assert again.state.step == 2 and again.state.finished
+    for k, v in _weights(first.draft).items():
+        torch.testing.assert_close(v, _weights(again.draft)[k], rtol=0, atol=0)
+
+
+def test_checkpoints_of_another_draft_shape_are_not_set_aside(tiny_smol_dir, tiny_smol_target, tmp_path):
+    """Without draft_arch.json, the checkpoints' own weights show the other shape: refused as a
+    mismatch, not renamed *.corrupt, and draft_arch.json not written for the refused shape."""
+    run = tmp_path / "run"
+    loop.train(_cfg(tiny_smol_dir, run, max_steps=2, save_every=1), tiny_smol_target)
+    (run / "draft_arch.json").unlink()
+    before = _snapshot(run)
+    with pytest.raises(CheckpointMismatchError, match="another draft architecture.*new run_dir"):
+        loop.train(_two_layer_cfg(tiny_smol_dir, run, max_steps=2, save_every=1), tiny_smol_target)
+    assert _snapshot(run) == before
+    assert not list((run / "checkpoints").glob("*.corrupt"))
+
+
+@pytest.mark.parametrize("pointer", ["", "  \n"])
+def test_empty_latest_readers_take_the_newest_checkpoint(tiny_smol_dir, tiny_smol_target, tmp_path, pointer,
+                                                         capsys):
+    """An empty `checkpoints/latest` is a pointer to nothing, not to checkpoints/ itself: evaluate
+    and export (load_draft) take the newest checkpoint, say why, and rewrite `latest`."""
+    run = tmp_path / "run"
+    trained = loop.train(_cfg(tiny_smol_dir, run, max_steps=2, save_every=1), tiny_smol_target)
+    latest = run / "checkpoints" / "latest"
+    latest.write_text(pointer)
+    loaded = load_draft(run, tiny_smol_target)
+    assert "is empty; now step_0000002" in capsys.readouterr().out
+    assert latest.read_text() == "step_0000002"
+    for k, v in _weights(trained.draft).items():
+        torch.testing.assert_close(v, _weights(loaded)[k], rtol=0, atol=0)
+
+
+def test_empty_latest_resume_falls_back_to_the_newest_readable_checkpoint(tiny_smol_dir, tiny_smol_target,
+                                                                          tmp_path, capsys):
+    """Resume with an empty `latest` and a damaged newest checkpoint: no traceback, the damaged one
+    set aside as before, training resumed from the one under it."""
+    run = tmp_path / "run"
+    loop.train(_cfg(tiny_smol_dir, run, max_steps=2, save_every=1), tiny_smol_target)
+    (run / "checkpoints" / "latest").write_text("")
+    f = checkpoint_dirs(run)[2] / "draft.safetensors"
+    f.write_bytes(f.read_bytes()[:100])
+    capsys.readouterr()
+    again = loop.train(_cfg(tiny_smol_dir, run, max_steps=2, save_every=1), tiny_smol_target)
+    out = capsys.readouterr().out
+    assert "resumed from" in out and "step 1" in out
+    assert (run / "checkpoints" / "step_0000002.corrupt").is_dir()
+    assert again.state.step == 2 and latest_checkpoint(run).name == "step_0000002"
+
+
+def test_empty_latest_without_checkpoints_is_no_checkpoint(tiny_smol_dir, tiny_smol_target, tmp_path):
+    run = tmp_path / "run"
+    loop.train(_cfg(tiny_smol_dir, run, max_steps=1), tiny_smol_target)
+    for d in checkpoint_dirs(run).values():
+        shutil.rmtree(d)
+    (run / "checkpoints" / "latest").write_text("")
+    with pytest.raises(CheckpointError, match="no checkpoint yet"):
+        load_draft(run, tiny_smol_target)
+    assert not (run / "checkpoints" / "latest").exists()

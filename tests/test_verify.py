@@ -93,6 +93,13 @@ def test_truncate_probs_matches_the_rule_by_hand():
         torch.testing.assert_close(got, torch.stack([want, want]))
 
 
+def test_a_top_p_below_float32_resolution_keeps_the_most_likely_token():
+    # 1e-300 is a valid top_p (> 0) that rounds to 0 in float32; the rule still keeps the top token
+    probs = torch.tensor([[0.05, 0.35, 0.12, 0.25, 0.08, 0.15]])
+    got = truncate_probs(probs, 0, 1e-300)
+    torch.testing.assert_close(got, torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]))
+
+
 def test_top_k_top_p_sampling_commits_the_truncated_target_distribution():
     """Many rounds of verify_block with hand-set logits, the draft proposing from an untruncated
     distribution that favours tokens the truncation removes: the first and second committed

@@ -40,7 +40,7 @@ def export_main(argv: list[str]) -> None:
         from splitserve.export.sglang import refuse_options
 
         refuse_options(cmd.algorithm, cmd.keep_fp32)
-    out_dir = check_export_dir(cmd.out_dir, cmd.force)
+    out_dir = check_export_dir(cmd.out_dir, cmd.force, cmd.run_dir)
 
     from splitserve.export import export_draft
     from splitserve.loading import load_models, target_config_for

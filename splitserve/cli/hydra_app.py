@@ -7,8 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from splitserve.checks import check_train_data, user_error_types
+from splitserve.checks import check_run_config, check_train_data, user_error_types
 from splitserve.config import conf_dir as config_conf_dir
+from splitserve.config import save_resolved
 
 
 def conf_dir() -> Path:
@@ -40,13 +41,6 @@ def to_run_config(dcfg):
     return cfg
 
 
-def _save_resolved(cfg, run_dir: Path) -> None:
-    from omegaconf import OmegaConf
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-
-
 def hydra_app(command: str, argv: list[str]) -> None:
     import hydra
 
@@ -62,11 +56,12 @@ def hydra_app(command: str, argv: list[str]) -> None:
 
     def run(dcfg) -> None:
         cfg = to_run_config(dcfg)
+        check_run_config(cfg)
         if command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from splitserve.split.runner import run_split
 
             if os.environ.get("RANK") == "0":
-                _save_resolved(cfg, Path(cfg.run_dir))
+                save_resolved(cfg, Path(cfg.run_dir))
             run_split(cfg)  # a torchrun job split into target and draft ranks
         elif command == "train":
             from splitserve.evaluation.heldout import evaluate_run
@@ -74,8 +69,7 @@ def hydra_app(command: str, argv: list[str]) -> None:
             from splitserve.train.loop import train
 
             check_train_data(cfg)
-            _save_resolved(cfg, Path(cfg.run_dir))
-            result = train(cfg)
+            result = train(cfg)  # writes config.yaml once the run directory is known to take it
             if cfg.eval.enabled and cfg.target.backend not in DECODING_BACKENDS:
                 # Held-out evaluation decodes, which only the transformers backend does.
                 print(f"[train] held-out evaluation skipped (target.backend={cfg.target.backend} only captures); "
@@ -85,7 +79,7 @@ def hydra_app(command: str, argv: list[str]) -> None:
         else:
             from splitserve.stream.dump_capture import run_dump
 
-            _save_resolved(cfg, Path(cfg.dump.out_dir))
+            save_resolved(cfg, Path(cfg.dump.out_dir))
             run_dump(cfg)
 
     sys.argv = [f"splitserve {command}", *argv]

@@ -30,6 +30,7 @@ from splitserve.config.compose import (  # noqa: F401
     compose_plain,
     conf_dir,
     from_dict,
+    save_resolved,
 )
 from splitserve.config.run import (  # noqa: F401
     DECAY_BY_BLOCK,

@@ -14,6 +14,14 @@ PACKAGE_CONF = Path(__file__).resolve().parents[1] / "conf"  # package data: shi
 GROUPS = ("target", "draft", "data", "loss", "split", "experiment")  # the conf/ groups
 
 
+def save_resolved(cfg: RunConfig, run_dir: Path) -> None:
+    """run_dir/config.yaml: the run's resolved settings, read back by from_dict."""
+    from omegaconf import OmegaConf
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+
 def conf_dir() -> Path:
     """The Hydra config tree: the package's own, or SPLITSERVE_CONF to use a copy of it."""
     env = os.environ.get("SPLITSERVE_CONF")

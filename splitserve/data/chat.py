@@ -21,6 +21,7 @@ Which tokens a reply is, two ways, the first that applies:
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from dataclasses import dataclass, field
@@ -96,6 +97,26 @@ def _fallback_render(tokenizer: Any, messages: list[Message], add_generation_pro
     return "".join(parts)
 
 
+def template_arg_clash(tokenizer: Any, kwargs: dict[str, Any]) -> str | None:
+    """The first of `kwargs` that names one of apply_chat_template's own parameters
+    (add_generation_prompt, tokenize, ...) or `messages`: those are set by the call, not by the
+    template's own variables, and passing them twice is a TypeError inside the call."""
+    try:
+        params = inspect.signature(tokenizer.apply_chat_template).parameters
+    except (AttributeError, TypeError, ValueError):
+        return None
+    own = {name for name, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    own.add("messages")  # the conversation's name inside the template
+    return next((k for k in kwargs if k in own), None)
+
+
+def _check_kwargs(tokenizer: Any, chat: ChatTemplate) -> None:
+    clash = template_arg_clash(tokenizer, chat.kwargs)
+    if clash:
+        raise DataError(f"chat_template_kwargs may not set '{clash}': it is an argument of the template call "
+                        "itself, not a template variable")
+
+
 def specials_for(tokenizer: Any, chat: ChatTemplate = DEFAULT) -> bool:
     """`add_special_tokens` for rendered text: a chat template already contains its specials."""
     return not has_chat_template(tokenizer, chat)
@@ -108,6 +129,7 @@ def render_chat(
     template = chat.text_for(tokenizer)
     if not template:
         return _fallback_render(tokenizer, messages, add_generation_prompt)
+    _check_kwargs(tokenizer, chat)
     try:
         return tokenizer.apply_chat_template(
             messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
@@ -203,6 +225,7 @@ def uses_generation_blocks(tokenizer: Any, chat: ChatTemplate = DEFAULT) -> bool
 
 
 def _marked(tokenizer: Any, messages: list[Message], chat: ChatTemplate) -> tuple[list[int], list[int]]:
+    _check_kwargs(tokenizer, chat)
     try:
         enc = tokenizer.apply_chat_template(
             messages, chat_template=chat.text_for(tokenizer), tokenize=True, return_dict=True,

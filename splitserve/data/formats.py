@@ -6,6 +6,10 @@
     {"instruction", "output"} (+ "input", "system")   Alpaca-style single turn; "input" follows the
                                                       instruction after a blank line
 
+An OpenAI message's content may also be a list of parts; its text parts
+(`{"type": "text", "text": ...}`) are joined into one string, and a part of any other type (an
+image, audio, a file) makes the row malformed: the draft is trained on text only.
+
 Besides role and content a message keeps the string fields chat templates read
 (`reasoning_content`, `name`, `tool_call_id`) and an assistant's `tool_calls`, so a template renders
 a turn as the model saw it. Any fault raises a `DataError` naming the row and the message.
@@ -45,6 +49,25 @@ def _message(role: str, content: Any, src: dict, where: str, j: int, key: str) -
     return msg
 
 
+def _text_parts(content: Any, where: str, j: int) -> Any:
+    """OpenAI content given as a list of parts -> its text parts joined; anything else unchanged."""
+    if not isinstance(content, list):
+        return content
+    texts: list[str] = []
+    for k, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise DataError(f"{where}: messages[{j}] content[{k}] must be a content part object, "
+                            f"got {type(part).__name__}")
+        if part.get("type") != "text":
+            raise DataError(f"{where}: messages[{j}] content[{k}] has type {part.get('type')!r}: "
+                            "non-text parts are not supported")
+        if not isinstance(part.get("text"), str):
+            raise DataError(f"{where}: messages[{j}] content[{k}] 'text' must be a string, "
+                            f"got {type(part.get('text')).__name__}")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
 def _turns(raw: Any, where: str, key: str, fields: tuple[str, str]) -> Iterator[tuple[int, dict]]:
     """(index, turn) of a row's turn list, each checked to be an object holding `fields`."""
     if not isinstance(raw, list):
@@ -63,7 +86,8 @@ def _openai(raw: Any, where: str) -> list[Message]:
     for j, msg in _turns(raw, where, "messages", ("role", "content")):
         if msg["role"] not in ROLES:
             raise DataError(f"{where}: messages[{j}] has unknown role {msg['role']!r} (expected one of {ROLES})")
-        messages.append(_message(msg["role"], msg["content"], msg, where, j, "messages"))
+        content = _text_parts(msg["content"], where, j)
+        messages.append(_message(msg["role"], content, msg, where, j, "messages"))
     return messages
 
 

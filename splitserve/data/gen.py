@@ -62,7 +62,9 @@ def load_generator(cfg: GenConfig) -> tuple[Any, Any, frozenset[int]]:
     from splitserve.target.hf import DTYPES, load_causal_lm, load_tokenizer, pick_device
 
     if cfg.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
+        from splitserve.errors import UserError
+
+        raise UserError(f"--dtype must be one of {sorted(DTYPES)}, got {cfg.dtype!r}")
     path = resolve_target_path(cfg.target)
     model = load_causal_lm(path, DTYPES[cfg.dtype], pick_device(cfg.device))
     return prepare_model(model, load_tokenizer(path))

@@ -9,9 +9,13 @@ others), so a bad row is reported in one line that names it.
     a directory from save_to_disk        datasets.load_from_disk (its "train" split if a DatasetDict)
     a glob ("data/*.parquet")            its matches, in sorted order, one after another
 
+A UTF-8 byte order mark at the start of a JSON file (Windows tools write one) is skipped.
+
 A file-level fault (missing, unreadable, empty, unknown format) is a `DataError`. A row-level fault
-(malformed JSON, a line that is not an object) is yielded as a `DataError` in place of the row by
-`iter_raw_rows`, so a reader that tolerates bad rows can count it and go on; `iter_rows` raises it.
+(malformed JSON, a line that is not an object, a line that is not UTF-8) is yielded as a `DataError`
+in place of the row by `iter_raw_rows`, so a reader that tolerates bad rows can count it and go on;
+`iter_rows` raises it. A line that is not UTF-8 is a `NotUTF8Error`, so that a reader can treat the
+file's encoding as wrong rather than the row.
 """
 
 from __future__ import annotations
@@ -24,10 +28,15 @@ from typing import Any, Iterator
 JSON_LINES = (".jsonl", ".json")
 COLUMNAR = (".parquet", ".arrow")
 FORMATS = "JSON lines (.jsonl/.json), a JSON array (.json), Parquet, Arrow, or a save_to_disk directory"
+BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark
 
 
 class DataError(ValueError):
     """Bad user data; the message names the file and line (or the conversation) at fault."""
+
+
+class NotUTF8Error(DataError):
+    """A line (or file) that is not UTF-8: most often a whole file saved in another encoding."""
 
 
 RawRow = tuple[int, "dict | DataError", str]  # (1-based row number, the row or what is wrong with it, where)
@@ -73,13 +82,15 @@ def iter_raw_json_rows(path: str | Path) -> Iterator[RawRow]:
     except OSError as e:
         raise DataError(f"{path}: cannot be read ({e.strerror})") from None
     with f:
+        start = len(BOM) if f.read(len(BOM)) == BOM else 0  # read as utf-8-sig: a leading BOM is not data
+        f.seek(start)
         head = f.read(4096).lstrip()
-        f.seek(0)
+        f.seek(start)
         if head.startswith(b"["):
             try:
                 text = f.read().decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}: not UTF-8 text (byte offset {e.start})") from None
+                raise NotUTF8Error(f"{path}: not UTF-8 text (byte offset {start + e.start})") from None
             yield from _json_array(path, text)
             return
         for lineno, raw in enumerate(f, start=1):
@@ -87,7 +98,7 @@ def iter_raw_json_rows(path: str | Path) -> Iterator[RawRow]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                yield lineno, DataError(
+                yield lineno, NotUTF8Error(
                     f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1})"), where
                 continue
             if not line.strip():

@@ -8,7 +8,7 @@ one block (teacher-forced), which the round-trip test compares.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
@@ -24,6 +24,11 @@ _HF_NAME = {
     "target_num_layers": "num_target_layers",
 }
 ARCHITECTURE = "DSparkDraftModel"
+
+
+def required_config_keys() -> list[str]:
+    """config.json keys of the DSparkArch fields that have no default: an export must state them."""
+    return [_HF_NAME.get(f.name, f.name) for f in fields(DSparkArch) if f.default is MISSING]
 
 
 class DSparkConfig(PretrainedConfig):

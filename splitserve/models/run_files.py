@@ -16,9 +16,16 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from splitserve.errors import UserError
+
 
 class CheckpointError(RuntimeError):
     pass
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint that reads fine but holds weights of another draft shape: made by another
+    draft config, not damaged, so it must never be set aside as corrupt."""
 
 
 ARCH_FILE = "draft_arch.json"  # run_dir/draft_arch.json: the draft's shapes and its target
@@ -28,6 +35,26 @@ def save_arch(run_dir: Path, arch, target_path: str) -> None:
     """arch: the DSparkArch whose to_dict() is written."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     (Path(run_dir) / ARCH_FILE).write_text(json.dumps({"arch": arch.to_dict(), "target_path": target_path}, indent=2))
+
+
+def check_arch(run_dir: Path, arch) -> None:
+    """Refuse to reuse a run directory whose draft_arch.json records another draft architecture
+    than `arch` (a DSparkArch), naming every field that differs. Reads only, so a refusal leaves
+    the run as it was. A missing or unreadable file is no refusal: resume then checks the
+    checkpoints' own weights against the draft."""
+    path = Path(run_dir) / ARCH_FILE
+    if not path.exists():
+        return
+    try:  # through from_dict, so a field added since the run was made compares as its default
+        saved = type(arch).from_dict(json.loads(path.read_text())["arch"]).to_dict()
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+        print(f"[train] {path} is unreadable ({exc}); checking the checkpoints against the draft instead")
+        return
+    wanted = arch.to_dict()
+    diffs = [f"{k} {saved[k]!r} in the run vs {v!r} requested" for k, v in wanted.items() if saved[k] != v]
+    if diffs:
+        raise UserError(f"run_dir {run_dir} holds a draft of another architecture ({'; '.join(diffs)}); "
+                        "use a new run_dir or the run's original draft config")
 
 
 STEP_DIR = re.compile(r"step_(\d+)")
@@ -49,21 +76,31 @@ def point_latest(root: Path, name: str | None) -> None:
     os.replace(root / "latest.tmp", root / "latest")
 
 
+def _read_pointer(pointer: Path) -> str:
+    """The name `latest` holds; "" when it holds nothing usable (empty, unreadable)."""
+    try:
+        return pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint `latest` names. If it names one that is gone (deleted by hand, set aside),
-    the newest complete one is taken and `latest` is rewritten to name it (or removed when there
-    is none), so the pointer never names a missing checkpoint for long."""
+    """The checkpoint `latest` names. If it names none that is there (empty, deleted by hand, set
+    aside, not a step_* name), the newest complete one is taken and `latest` is rewritten to name
+    it (or removed when there is none), so the pointer never names a missing checkpoint for long."""
     root = Path(run_dir) / "checkpoints"
     pointer = root / "latest"
     if not pointer.exists():
         return None
-    path = root / pointer.read_text().strip()
-    if path.is_dir():
-        return path
+    name = _read_pointer(pointer)
+    # Only a step_* name: an empty one would otherwise make root itself the checkpoint.
+    if STEP_DIR.fullmatch(name) and (root / name).is_dir():
+        return root / name
     dirs = list(checkpoint_dirs(run_dir).values())
     newest = dirs[-1] if dirs else None
     point_latest(root, newest.name if newest else None)
-    print(f"[checkpoint] {pointer} named {path.name}, which does not exist; "
+    named = f"named {name}, which is not a complete checkpoint" if name else "is empty"
+    print(f"[checkpoint] {pointer} {named}; "
           + (f"now {newest.name}" if newest else "no checkpoint left, starting fresh"))
     return newest
 
@@ -79,12 +116,12 @@ def load_weights(ckpt: Path, draft) -> None:
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"checkpoint {path} does not fit this draft: missing={missing[:5]} unexpected={unexpected[:5]}"
         )
     for k, v in weights.items():
         if v.shape != expected[k].shape:
-            raise CheckpointError(
+            raise CheckpointMismatchError(
                 f"checkpoint {path}: {k} has shape {tuple(v.shape)}, draft expects {tuple(expected[k].shape)}"
             )
     draft.load_state_dict(weights, strict=False)

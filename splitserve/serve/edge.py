@@ -3,6 +3,7 @@ runs, and for every response after.
 
     arrival time     stamped on the scope (TTFT and queue time count from it)
     API key          /v1/* needs "Authorization: Bearer <key>" when one is set (401, as vLLM)
+    media type       a POST whose Content-Type is not JSON -> 415 (none given is taken as JSON)
     body limits      Content-Length over the limit -> 413 at once; a body that grows past it
                      (chunked) -> 413; a body not complete within request_timeout_s -> 408
     error counting   every response status >= 400 goes to the metrics, whoever produced it
@@ -63,6 +64,15 @@ class Edge:
                            kind="authentication_error")
             await send_json(counted, 401, err.body(), ((b"www-authenticate", b"Bearer"),))
             return
+        if scope["method"] == "POST":
+            given = dict(scope["headers"]).get(b"content-type")
+            if given is None:  # taken as JSON, which is what the routes read
+                scope["headers"] = [*scope["headers"], (b"content-type", b"application/json")]
+            elif not _is_json(given):
+                err = ApiError(415, "the request body must be JSON: send 'Content-Type: application/json'",
+                               kind="invalid_request_error")
+                await send_json(counted, 415, err.body())
+                return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and int(length) > self.max_body:  # h11 has checked it is a number
             await send_json(counted, 413, self._too_large().body())
@@ -105,6 +115,11 @@ class Edge:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+def _is_json(content_type: bytes) -> bool:
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or media.endswith(b"+json")
 
 
 def _replay(body: bytes, receive):

@@ -16,9 +16,9 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from splitserve.data.chat import ChatTemplate, DataError, has_chat_template
+from splitserve.data.chat import ChatTemplate, DataError, has_chat_template, template_arg_clash
 from splitserve.data.prompts import encode_prompt
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -59,7 +59,7 @@ REFUSED: dict[str, tuple[tuple, str]] = {
     "structured_outputs": ((None,), "no constrained decoding"),
     "tools": (([], None), "no tool calling"),
     "tool_choice": (("none", None), "no tool calling"),
-    "parallel_tool_calls": ((False, None), "no tool calling"),
+    "parallel_tool_calls": ((True, False, None), "no tool calling"),  # OpenAI's default is true
     "functions": (([], None), "no tool calling"),
     "function_call": (("none", None), "no tool calling"),
 }
@@ -73,6 +73,11 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: Literal[False] = False
 
 
+def _drop_nulls(data: Any) -> Any:
+    """OpenAI's clients may send every optional field, null where unset: null means the default."""
+    return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
 class _Sampling(BaseModel):
     """Fields both routes share. extra="allow": unknown fields are collected and refused by
     `check_extra` (a 400 naming them), not by pydantic (whose 422 would not say why)."""
@@ -83,11 +88,13 @@ class _Sampling(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # vLLM's convention: 0 or -1 disables
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**64 - 1)  # what torch's generator takes
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None)
     ignore_eos: bool = False  # vLLM's extension
+
+    _nulls = model_validator(mode="before")(_drop_nulls)
 
     def stop_strings(self) -> list[str]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -105,15 +112,33 @@ class TextPart(BaseModel):
     text: str
 
 
+# Message fields OpenAI's own reply objects carry (a client may send a reply back as history):
+# accepted empty, refused otherwise, since this server neither calls tools nor speaks audio.
+# `refusal` is an assistant turn's text when its content is null; `annotations` cite sources.
+MESSAGE_REFUSED = {"tool_calls": "no tool calling", "function_call": "no tool calling", "audio": "no audio"}
+MESSAGE_IGNORED = ("annotations", "tool_call_id")
+
+
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     role: Literal[ROLES]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    refusal: str | None = None
 
     def plain(self) -> dict:
         content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        if self.content is None and self.refusal:
+            content = self.refusal
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+    def check_extra(self, where: str) -> None:
+        for key, value in (self.model_extra or {}).items():
+            if key in MESSAGE_IGNORED or value in (None, [], {}, ""):
+                continue
+            why = MESSAGE_REFUSED.get(key)
+            msg = f"unsupported field '{key}' ({why})" if why else f"unknown field '{key}'"
+            raise ApiError(400, f"{where}: {msg} (docs/serving.md lists the fields this server takes)", where)
 
 
 class ChatCompletionRequest(_Sampling):
@@ -129,9 +154,29 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
 
 
+def check_text(obj: Any, where: str = "body") -> None:
+    """400 naming the first string that is not valid Unicode: JSON's \\ud800-style escapes can
+    carry a lone UTF-16 surrogate, which no tokenizer (and no UTF-8 reply) can take."""
+    if isinstance(obj, str):
+        try:
+            obj.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, f"{where}: the text holds a lone UTF-16 surrogate (not valid Unicode)",
+                           where) from None
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            check_text(key, where)
+            check_text(value, f"{where}.{key}" if where != "body" else str(key))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            check_text(value, f"{where}.{i}")
+
+
 def check_extra(req: _Sampling, ignore: frozenset[str] = frozenset()) -> None:
     """400 naming every field the schema does not take: refused ones with the reason, unknown ones
     as such. A refused field at its neutral value, a harmless one, or one in `ignore` passes."""
+    for i, message in enumerate(getattr(req, "messages", ())):
+        message.check_extra(f"messages.{i}")
     refused, unknown = [], []
     for key, value in (req.model_extra or {}).items():
         if key in ignore or key in HARMLESS:
@@ -158,6 +203,10 @@ def encode_chat(req: ChatCompletionRequest, tokenizer, chat_template: str | None
     the tokenizer's own; chat_template_kwargs reach the template (e.g. Qwen3's enable_thinking)."""
     messages = [m.plain() for m in req.messages]
     chat = ChatTemplate(chat_template, dict(req.chat_template_kwargs or {}))
+    clash = template_arg_clash(tokenizer, chat.kwargs)
+    if clash:
+        raise ApiError(400, f"chat_template_kwargs may not set '{clash}': the server sets the template call's "
+                       "own arguments", "chat_template_kwargs")
     if not has_chat_template(tokenizer, chat):
         raise ApiError(400, "this model has no chat template (start the server with --chat-template, or use "
                        "/v1/completions)", "messages")

@@ -1,7 +1,7 @@
 """`splitserve serve`: an OpenAI-compatible HTTP server (FastAPI on uvicorn) over the batch-1 engine.
 
     POST /v1/completions, /v1/chat/completions   JSON, or SSE streaming (stream=true)
-    GET  /v1/models, /health, /metrics            Prometheus text on /metrics (metrics.py)
+    GET  /v1/models, /v1/models/{id}, /health, /metrics   Prometheus text on /metrics (metrics.py)
 
 Routes run on uvicorn's event loop: they validate (pydantic models in protocol.py), tokenize,
 queue and write. The engine lives on one worker thread (worker.py, FIFO, batch 1); it wakes the
@@ -37,6 +37,7 @@ from splitserve.serve.protocol import (
     CompletionRequest,
     Reply,
     check_extra,
+    check_text,
     encode_chat,
     encode_completion,
 )
@@ -73,6 +74,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, first = [], None
     for err in exc.errors():
+        if err.get("type") == "json_invalid":  # its loc is (body, character offset), not a field
+            pos = (list(err.get("loc", ())) + [None, None])[1]
+            why = (err.get("ctx") or {}).get("error", "not JSON")
+            return f"the body is not valid JSON ({why}" + (f", at character {pos})" if pos is not None else ")"), None
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
         where = ".".join(loc) or "body"
         first = first or (loc[0] if loc else None)
@@ -129,7 +134,8 @@ class SplitServer:
 
         @app.exception_handler(ApiError)
         async def api_error(request: Request, exc: ApiError):
-            return JSONResponse(exc.body(), status_code=exc.status)
+            headers = {"Retry-After": "1"} if exc.status == 503 else None  # the queue drains by the second
+            return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
         @app.exception_handler(HTTPException)
         async def http_error(request: Request, exc: HTTPException):  # 404 and 405 from the router
@@ -149,7 +155,7 @@ class SplitServer:
             err = ApiError(500, f"{type(exc).__name__}: {exc}", kind="server_error")
             return JSONResponse(err.body(), status_code=500)
 
-        @app.get("/health")
+        @app.api_route("/health", methods=["GET", "HEAD"])
         async def health():
             return {"status": "ok"}
 
@@ -159,9 +165,14 @@ class SplitServer:
 
         @app.get("/v1/models")
         async def models():
-            model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "splitserve",
-                     "max_model_len": self.engine.max_context}
-            return {"object": "list", "data": [model]}
+            return {"object": "list", "data": [self._model_card()]}
+
+        @app.get("/v1/models/{model_id:path}")
+        async def model(model_id: str):
+            if model_id != self.model_name:
+                raise ApiError(404, f"the model '{model_id}' does not exist; this server serves '{self.model_name}'",
+                               "model", "not_found_error")
+            return self._model_card()
 
         @app.post("/v1/completions")
         async def completions(body: CompletionRequest, request: Request):
@@ -175,7 +186,12 @@ class SplitServer:
 
     # ---- one request --------------------------------------------------------------------
 
+    def _model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "splitserve",
+                "max_model_len": self.engine.max_context}
+
     async def _generate(self, req, request: Request, chat: bool):
+        check_text(req.model_dump())
         check_extra(req, self.ignore)
         if req.model is not None and req.model != self.model_name:
             raise ApiError(404, f"the model '{req.model}' does not exist; this server serves '{self.model_name}'",

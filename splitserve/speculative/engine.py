@@ -63,6 +63,11 @@ def attention_windows(min_window: int, capacity: int) -> list[int]:
     return out + [capacity]
 
 
+# Temperatures below this decode greedily, as vLLM's do (its sampling epsilon): logits divided by
+# a subnormal temperature overflow to inf, and at 1e-5 sampling is greedy up to exact ties anyway.
+GREEDY_BELOW = 1e-5
+
+
 class ContextLengthError(ValueError):
     """A request that does not fit the engine's context."""
 
@@ -270,7 +275,7 @@ class Engine:
         self.check_fits(len(prompt_ids), params.max_tokens)
         start = time.perf_counter()
         stats = GenStats(prompt_tokens=len(prompt_ids))
-        temperature = float(params.temperature)
+        temperature = float(params.temperature) if params.temperature >= GREEDY_BELOW else 0.0
         trunc = (params.top_k, float(params.top_p)) if temperature > 0 else (0, 1.0)  # greedy ignores them
         # Steps start at committed lengths P .. P+max_tokens-2 (the prefill emits the first token).
         self._prepare(mode, temperature, len(prompt_ids), len(prompt_ids) + params.max_tokens - 1, trunc)

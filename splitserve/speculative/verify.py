@@ -44,6 +44,9 @@ def truncate_probs(probs: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
         sorted_p, order = probs.sort(dim=-1, descending=True)  # (..., V)
         total = sorted_p.sum(-1, keepdim=True)
         before = (sorted_p.cumsum(-1) - sorted_p) / total  # mass strictly ahead of each token
+        # the most likely token's `before` is exactly 0: a top_p that rounds to 0 in float32
+        # (1e-300) must still keep it, so compare against the smallest positive float32 at least
+        top_p = max(top_p, torch.finfo(torch.float32).tiny)
         keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, before < top_p)
         probs = torch.where(keep, probs, torch.zeros_like(probs))
     return probs / probs.sum(-1, keepdim=True)

@@ -24,6 +24,11 @@ ATTENTION_KINDS = ("full_attention", "sliding_attention")
 RECURRENT_KINDS = ("linear_attention", "mamba", "conv", "hybrid", "hybrid_sliding")
 # Recurrent models whose configs list no layer kinds at all.
 RECURRENT_MODEL_TYPES = ("rwkv", "xlstm", "mamba", "mamba2", "falcon_mamba", "lfm2", "lfm2_moe", "recurrent_gemma")
+# Bidirectional encoders that transformers can also build as a "causal LM" head (BertLMHeadModel,
+# ...): every token attends to later ones in pretraining, and the layers are not a decoder's.
+ENCODER_MODEL_TYPES = ("bert", "bert-generation", "roberta", "roberta-prelayernorm", "xlm-roberta", "xlm-roberta-xl",
+                       "camembert", "data2vec-text", "electra", "ernie", "megatron-bert", "rembert", "xmod", "big_bird",
+                       "modernbert", "deberta", "deberta-v2", "distilbert", "albert")
 # transformers names both knobs `logits_scaling`; these models multiply by it where Granite divides.
 MULTIPLY_LOGITS_SCALING = ("hyperclovax",)
 
@@ -116,6 +121,9 @@ def attention_layout(config: Any, where: str = "target") -> AttentionLayout:
     if getattr(config, "is_encoder_decoder", False):
         raise UnsupportedTargetError(f"{where}: {name} is an encoder-decoder model; speculative decoding here needs "
                                      "a decoder-only causal LM")
+    if model_type in ENCODER_MODEL_TYPES:
+        raise UnsupportedTargetError(f"{where}: {name} is a bidirectional encoder ({model_type}); speculative "
+                                     "decoding here needs a decoder-only causal LM")
     if model_type in RECURRENT_MODEL_TYPES or getattr(config, "model_type", "") in RECURRENT_MODEL_TYPES:
         raise UnsupportedTargetError(f"{where}: {name} keeps a recurrent state that cannot be rewound when a draft "
                                      "token is rejected, so it cannot be served exactly")

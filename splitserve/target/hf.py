@@ -204,8 +204,13 @@ def load_target_config(cfg: TargetConfig) -> Any:
     UnsupportedTargetError names the architecture and why."""
     from transformers import AutoConfig
 
+    from splitserve.errors import UserError, one_line
+
     path = resolve_target_path(cfg.path)
-    config = AutoConfig.from_pretrained(path, **hub_kwargs(cfg))
+    try:
+        config = AutoConfig.from_pretrained(path, **hub_kwargs(cfg))
+    except (OSError, ValueError, KeyError) as exc:  # no config.json, bad JSON, an unknown model_type
+        raise UserError(f"target {cfg.path}: its config cannot be read: {one_line(exc)}") from None
     attention_layout(config, where=f"target {cfg.path}")
     return config
 

@@ -23,11 +23,13 @@ def default_layer_ids(num_layers: int, m: int = 5) -> list[int]:
 
 
 def check_layer_ids(layer_ids: list[int], num_layers: int) -> None:
+    from splitserve.errors import UserError  # target.layer_ids is the user's setting
+
     if not layer_ids:
-        raise ValueError("layer_ids is empty")
+        raise UserError("target.layer_ids is empty")
     bad = [i for i in layer_ids if not 0 <= i < num_layers - 1]
     if bad:
-        raise ValueError(
-            f"layer ids {bad} out of range for a {num_layers}-layer target "
+        raise UserError(
+            f"target.layer_ids {bad} out of range for a {num_layers}-layer target "
             f"(valid: 0..{num_layers - 2}; the last layer is never captured)"
         )

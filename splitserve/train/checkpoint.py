@@ -11,9 +11,10 @@ Layout (run_dir/checkpoints/):
 A checkpoint is written to a temp dir and renamed, then `latest` is replaced atomically, so
 a run killed at any moment resumes from the last complete one. A checkpoint damaged later (a
 truncated file, a full disk) is set aside on resume, which then starts from the newest intact
-one; `latest` is rewritten whenever it names a checkpoint that is not there. In a split job every draft
-rank takes part (DeepSpeed writes its shards from each rank); draft rank 0 writes the rest.
-Ranks share the run directory's filesystem.
+one; `latest` is rewritten whenever it is empty or names a checkpoint that is not there. A
+checkpoint of another draft shape is no damage: resume refuses it and leaves it where it is.
+In a split job every draft rank takes part (DeepSpeed writes its shards from each rank); draft
+rank 0 writes the rest. Ranks share the run directory's filesystem.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from splitserve.models.run_files import CheckpointError, checkpoint_dirs, latest_checkpoint, load_weights, point_latest
+from splitserve.models.run_files import (
+    CheckpointError,
+    CheckpointMismatchError,
+    checkpoint_dirs,
+    latest_checkpoint,
+    load_weights,
+    point_latest,
+)
 from splitserve.train.partition import Partition
 
 
@@ -86,7 +94,9 @@ def resume_checkpoint(run_dir: Path, draft, backend, part: Partition | None = No
     `<name>.corrupt` by the writer rank (kept for inspection, never loaded again) and the next
     older one is tried; `latest` is pointed at the one that loaded. Loading writes the draft and
     the backend whole, so a checkpoint that failed halfway leaves nothing behind once an older
-    one loads. When none loads, a CheckpointError (training from scratch must be asked for)."""
+    one loads. When none loads, a CheckpointError (training from scratch must be asked for).
+    A checkpoint of another draft shape (CheckpointMismatchError) is intact, so it is refused
+    as it is, nothing renamed: the run's own config can still resume it."""
     part = part or Partition()
     root = Path(run_dir) / "checkpoints"
     first = latest_checkpoint(run_dir)
@@ -97,6 +107,9 @@ def resume_checkpoint(run_dir: Path, draft, backend, part: Partition | None = No
     for ckpt in candidates:
         try:
             state = load_checkpoint(ckpt, draft, backend)
+        except CheckpointMismatchError as exc:
+            raise CheckpointMismatchError(f"{run_dir} holds checkpoints of another draft architecture ({exc}); "
+                                          "use a new run_dir or the run's original draft config") from None
         except CheckpointError as exc:
             older = [p.name for p in candidates if p.name < ckpt.name]
             if part.writer:

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from splitserve.config import RunConfig
+from splitserve.config import RunConfig, save_resolved
 from splitserve.models.build import build_draft, resolve_arch
-from splitserve.models.run_files import save_arch
+from splitserve.models.run_files import check_arch, save_arch
 from splitserve.stream.sources import DataOrder, DumpSource, RecordSource, TargetSource
 from splitserve.target.backend import CaptureTarget, TargetWeights
 from splitserve.train.backends import make_backend
@@ -155,9 +155,8 @@ def train(
     target = target or load_target(cfg.target, device)
     torch.manual_seed(cfg.train.seed)
     arch = resolve_arch(cfg.draft, target.info, target.config, target.tokenizer)
+    check_arch(run_dir, arch)  # before anything in run_dir changes: a refusal leaves the run resumable
     draft = build_draft(arch, target).float().to(device)
-    if part.writer:
-        save_arch(run_dir, arch, cfg.target.path)
     source = source or build_source(cfg, target)
     order = DataOrder(source.num_samples, cfg.train.batch_size, cfg.train.seed)
     if cfg.train.batch_size % part.size:
@@ -178,6 +177,9 @@ def train(
         state, ckpt = resumed
         if part.writer:
             print(f"[train] resumed from {ckpt} (step {state.step}{', finished' if state.finished else ''})")
+    if part.writer:  # only now: a checkpoint of another draft shape has been refused, not overwritten
+        save_arch(run_dir, arch, cfg.target.path)
+        save_resolved(cfg, run_dir)
     n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     if part.writer:
         print(f"[train] draft: {arch.num_layers} layers, γ={arch.block_size}, markov_rank={arch.markov_rank}, "
