@@ -20,7 +20,8 @@ Variants name EngineConfig settings: hf | native, then any of -compiled (torch.c
 elementwise kernels, the native decoder before the fused products), -triton (native_products="triton":
 the verify forward fused too), -nopdl (SPLITSERVE_PDL=0: no
 programmatic dependent launch), -ipdl (torch._inductor.config.triton.enable_pdl: inductor's kernels use
-PDL too; the setting TORCHINDUCTOR_ENABLE_PDL=1 gives at import).
+PDL too; the setting TORCHINDUCTOR_ENABLE_PDL=1 gives at import), -sync (overlap_steps=False: the host
+reads each round's tokens before it queues the next, the engine before it overlapped them).
 The draft is untrained, so nothing is accepted: any TPOT at a τ is a projection,
 τ · (AR TPOT) / (wall time per round), labelled so.
 """
@@ -47,7 +48,7 @@ from splitserve.speculative.engine import Engine, SamplingParams
 from splitserve.target.native import attention_kernel
 
 
-FLAGS = ("compiled", "fp8", "cublas", "triton", "nopdl", "ipdl")
+FLAGS = ("compiled", "fp8", "cublas", "triton", "nopdl", "ipdl", "sync")
 
 
 def variant_config(name: str, max_context: int) -> EngineConfig:
@@ -56,7 +57,8 @@ def variant_config(name: str, max_context: int) -> EngineConfig:
         raise SystemExit(f"unknown variant {name!r}: hf|native followed by any of " + ", ".join(f"-{f}" for f in FLAGS))
     return EngineConfig(max_context=max_context, decoder=base, weight_format="fp8" if "fp8" in flags else "model",
                         native_products=next((f for f in ("cublas", "triton") if f in flags), "fused"),
-                        compile_backend="inductor" if "compiled" in flags else None)
+                        compile_backend="inductor" if "compiled" in flags else None,
+                        overlap_steps=False if "sync" in flags else None)
 
 
 @contextlib.contextmanager

@@ -281,3 +281,77 @@ def test_compiled_round_equals_eager_round():
     assert traced.generate(prompt, sampled).tokens == eager.generate(prompt, sampled).tokens
     assert traced.generate(prompt, greedy, mode="ar").tokens == eager.generate(prompt, greedy, mode="ar").tokens
     assert counters["stats"]["unique_graphs"] >= 3  # greedy round, sampled round (pieces), AR step were traced
+
+
+def _steps_counted(engine):
+    """Count the steps the engine runs (graphs are off on a CPU, so each one is a call)."""
+    calls = []
+    for name in ("_spec_round", "_ar_step"):
+        real = getattr(engine, name)
+        setattr(engine, name, lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["spec", "ar"])
+def test_overlapped_steps_give_the_same_request(mode):
+    """Queueing the next step before reading the running one (the CUDA default, forced here on a
+    CPU) changes no token, accept count or confidence, greedy or seeded sampling, at EOS, on
+    cancel and when a request runs to the last slot of the context; at most one step a request
+    runs past what the request reads, and only when it ends early (EOS, cancel)."""
+    target = tiny_target(seed=12)
+    draft = tiny_draft(target, block_size=4, markov_rank=8)
+    torch.nn.init.normal_(draft.markov.w2.weight, std=1.0)
+    prompt = [2, 7, 1, 8]
+    ref = target_decode(target, prompt, 40)
+    requests = [SamplingParams(max_tokens=40),  # fills the context: the last step ends at its last slot
+                SamplingParams(max_tokens=40, eos_ids=frozenset({ref[9]})),
+                SamplingParams(max_tokens=33, temperature=0.9, seed=5, top_k=20),
+                SamplingParams(max_tokens=1)]
+    runs, confidences = {}, {}
+    for overlap in (False, True):
+        cfg = EngineConfig(max_context=len(prompt) + 40, min_window=8, overlap_steps=overlap,
+                           record_confidence=True)  # windows 8, 16, 32 and the whole cache
+        engine = Engine(target, draft, cfg)
+        calls = _steps_counted(engine)
+        out = []
+        for params in requests:
+            calls.clear()
+            s = engine.generate(prompt, params, mode=mode)
+            out.append((s.tokens, s.accepts, s.finish_reason))
+            confidences.setdefault(overlap, []).append(torch.tensor(s.confidences))
+            steps = len(s.accepts) if mode == "spec" else len(s.tokens) - 1
+            extra = 1 if overlap and s.finish_reason == "stop" else 0  # queued before the EOS was read
+            assert len(calls) == steps + extra, (overlap, params, len(calls), steps)
+        seen = []
+        s = engine.generate(prompt, SamplingParams(max_tokens=40), mode=mode,
+                            on_tokens=lambda t: seen.extend(t) or len(seen) < 6)
+        out.append((s.tokens, s.finish_reason, seen == s.tokens))
+        out.append(engine.generate([9, 9], SamplingParams(max_tokens=12), mode=mode).tokens)  # the next request
+        runs[overlap] = out
+    assert runs[True] == runs[False]
+    assert runs[True][0][0] == ref and runs[True][1][2] == "stop" and runs[True][4][1] == "cancelled"
+    assert runs[True][5] == target_decode(target, [9, 9], 12)
+    for on, off in zip(confidences[True], confidences[False]):
+        # read through the overlap too; a step queued ahead may take a larger attention window,
+        # whose masked slots change the draft's sums by an ulp
+        assert on.shape == off.shape
+        torch.testing.assert_close(on, off, rtol=0, atol=1e-5)
+    assert mode == "ar" or confidences[True][0].numel() > 0
+
+
+def test_host_reads_hand_back_each_stage():
+    from splitserve.speculative.host_reads import HostReads
+
+    reads = HostReads(torch.device("cpu"), slots=2)
+    buf = torch.tensor([1, 2, 3])
+    a = reads.stage(buf, torch.tensor([0.5]))
+    buf.fill_(7)  # the staged copy is the value at stage time
+    b = reads.stage(buf)
+    with pytest.raises(RuntimeError, match="unread"):
+        reads.stage(buf)  # both slots hold unread stages
+    assert reads.read(a) == [[1, 2, 3], [0.5]] and reads.read(b) == [[7, 7, 7]]
+    with pytest.raises(RuntimeError, match="no unread"):
+        reads.read(a)
+    reads.stage(buf)
+    reads.drop_unread()
+    assert reads.read(reads.stage(torch.tensor([4]))) == [[4]]

@@ -36,6 +36,9 @@ def _models_args(f: Flags) -> None:
     f.add(EngineConfig, "markov_kernel", "--no-markov-kernel", action="store_false",
           help="run the exact greedy Markov stage as the PyTorch loop instead of one Triton launch per "
                "draft position (for A/B measurement)")
+    f.add(EngineConfig, "overlap_steps", "--no-overlap", action="store_const", const=False,
+          help="wait for each round's tokens before queueing the next (for A/B measurement; the default "
+               "queues the next round first on CUDA)")
     f.add(EngineConfig, "decoder", "--decoder", choices=["auto", "native", "hf"],
           help="the target forward of the engine: native (Llama/Mistral/Qwen2/Qwen3: fused kernels) | hf "
                "(transformers) | auto (native where it serves the target)")

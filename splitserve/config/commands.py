@@ -75,6 +75,10 @@ class EngineConfig:
     # prefill on cuBLAS) | triton (every forward of up to 32 tokens fused) | cublas (cuBLAS products
     # and separate elementwise kernels). Same values every way; bench/engine_floor_gpu.py compares them
     native_products: str = "fused"
+    # Queue each round (AR step) before the host has read the one running, so the GPU does not
+    # wait for Python between them (speculative/host_reads.py). None: on CUDA, where launches are
+    # asynchronous; a CPU would only run a wasted step per request. Same tokens either way.
+    overlap_steps: bool | None = None
 
 
 @dataclass

@@ -17,7 +17,11 @@ captured as one CUDA graph per window:
 Rejected tokens are never cropped: the next round starts at the new p, whose masks hide every
 slot at or above it until it is overwritten. The host reads `out` once per round (the tokens to
 stream, which also tell it p, hence the next round's window) and decides whether to stop;
-nothing else leaves the device.
+nothing else leaves the device. On CUDA the host does not wait for that read to launch: while
+round k runs, round k+1 is already queued (it reads p and the anchor from the device, and takes
+the window of the furthest p it can start at), so the GPU goes from round to round without a
+gap for Python (speculative/host_reads.py). A round queued past the request's end (EOS, cancel)
+runs for nothing and is never read.
 
 AR mode is the same engine without the draft: one token per step through the same static cache.
 Verification width is static (γ+1). With `verify_schedule="confidence"` the round also picks,
@@ -42,6 +46,7 @@ from splitserve.speculative import verify as verify_kernels
 from splitserve.speculative import verify as verify_reference
 from splitserve.speculative.context import StaticDraftContext
 from splitserve.speculative.decode import pick_token
+from splitserve.speculative.host_reads import HostReads
 from splitserve.speculative.schedule import SCHEDULES, choose_prefix, linear_cost, prefix_survival, truncate_verify
 from splitserve.speculative.verify import verify_block
 from splitserve.target.backend import DecodingTarget, require_decoding
@@ -135,6 +140,10 @@ class Engine:
         self.conf_out = torch.zeros(self.gamma, dtype=torch.float32, device=dev) if recording else None  # (γ,)
         self.generator = torch.Generator(device=dev).manual_seed(cfg.seed)
         self.windows = attention_windows(cfg.min_window, self.capacity)
+        # Queue the next step before reading this one (speculative/host_reads.py): on CUDA by
+        # default, where launches are asynchronous; on a CPU it would only add a wasted step.
+        self._overlap = cfg.overlap_steps if cfg.overlap_steps is not None else dev.type == "cuda"
+        self._reads = HostReads(dev)
         # one graph per (mode, temperature, window): room for a few temperatures per mode
         self.graphs = StepGraphs(cfg.use_cuda_graphs, dev, self.generator, max_graphs=8 * len(self.windows))
         if cfg.markov_topk < 0:
@@ -267,7 +276,7 @@ class Engine:
     def generate(self, prompt_ids: list[int], params: SamplingParams, on_tokens: OnTokens | None = None,
                  mode: str = "spec") -> GenStats:
         """Decode one request; `on_tokens` gets each round's committed tokens as they land and
-        returns False to cancel (the engine is then free at once)."""
+        returns False to cancel (the engine is then free once the round queued ahead is done)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "spec" and self.draft is None:
@@ -284,22 +293,42 @@ class Engine:
         self._prefill(prompt_ids, temperature, trunc)
         chunk = [int(self.anchor)]  # host read: the first token
         stats.ttft_s = time.perf_counter() - start
-        seq_len = len(prompt_ids)  # the host's copy of p, kept by the per-round read
-        while True:
-            if self._commit(stats, chunk, params, on_tokens, start):
-                break
-            w = self._window_for(mode, seq_len)
-            self.graphs.run((mode, temperature, w, trunc), self._step(mode, temperature, w, trunc))
-            vals = self.out.tolist()  # the one host read per round
+        if self._commit(stats, chunk, params, on_tokens, start):
+            stats.total_s = time.perf_counter() - start
+            return stats
+        most = self.gamma + 1 if mode == "spec" else 1  # tokens one step commits at most
+        seq_len = len(prompt_ids)  # the host's copy of p, kept by the per-step read
+        in_flight = [self._launch(mode, temperature, seq_len, trunc)]
+        while in_flight:
+            # The step in flight commits 1..most tokens. If even `most` leave the request short,
+            # the next step is needed whatever it commits (unless it ends at EOS), so it is
+            # queued now, starting at p + n + 1 <= p + most: the GPU goes from one step to the
+            # next without waiting for this loop. Its window covers the furthest start.
+            if self._overlap and len(in_flight) == 1 and len(stats.tokens) + most < params.max_tokens:
+                in_flight.append(self._launch(mode, temperature, seq_len + most, trunc))
+            vals, *conf = self._reads.read(in_flight.pop(0))  # waits for that step's copies only
             n = vals[0]
             seq_len += n + 1
             if mode == "spec":
                 stats.accepts.append(n)
-                if self.conf_out is not None:
-                    stats.confidences.append(self.conf_out.tolist())
-            chunk = vals[1 : n + 2]
+                if conf:
+                    stats.confidences.append(conf[0])
+            if self._commit(stats, vals[1 : n + 2], params, on_tokens, start):
+                break
+            if not in_flight:
+                in_flight.append(self._launch(mode, temperature, seq_len, trunc))
+        # A step queued ahead of a request that ended (EOS, cancelled) still runs; it only writes
+        # cache slots past the committed length and state the next prefill resets.
+        self._reads.drop_unread()
         stats.total_s = time.perf_counter() - start
         return stats
+
+    def _launch(self, mode: str, temperature: float, start_len: int, trunc: tuple[int, float]) -> int:
+        """Queue one step whose committed length at start is at most start_len, and the host
+        copies of its outputs -> the ticket to read them by."""
+        w = self._window_for(mode, start_len)
+        self.graphs.run((mode, temperature, w, trunc), self._step(mode, temperature, w, trunc))
+        return self._reads.stage(self.out, *(() if self.conf_out is None or mode != "spec" else (self.conf_out,)))
 
     @staticmethod
     def _commit(stats: GenStats, chunk: list[int], params: SamplingParams, on_tokens: OnTokens | None,
