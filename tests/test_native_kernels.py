@@ -35,8 +35,8 @@ def test_add_rms_norm(D):
 def test_rope_and_write(qk_norm):
     T, Hq, Hkv, hd, L = 3, 4, 2, 16, 12
     qkv = _randn(T, (Hq + 2 * Hkv) * hd, seed=4)
-    angles = _randn(T, hd // 2, seed=5)
-    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # (T, hd)
+    angles = _randn(L, hd // 2, seed=5)  # a different angle at every slot: a wrong row shows
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # (L, hd) tables
     qn, kn = (1 + 0.3 * _randn(hd, seed=6), 1 + 0.3 * _randn(hd, seed=7)) if qk_norm else (None, None)
     positions = torch.tensor([7, 2, 9], device=DEV)  # out of order: each token goes to its own slot
     caches = [[_randn(Hkv, L, hd, seed=8), _randn(Hkv, L, hd, seed=9)] for _ in range(2)]

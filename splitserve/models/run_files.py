@@ -87,19 +87,22 @@ def _read_pointer(pointer: Path) -> str:
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint `latest` names. If it names none that is there (empty, deleted by hand, set
     aside, not a step_* name), the newest complete one is taken and `latest` is rewritten to name
-    it (or removed when there is none), so the pointer never names a missing checkpoint for long."""
+    it (or removed when there is none), so the pointer never names a missing checkpoint for long.
+    A missing `latest` beside complete checkpoints (a run killed between renaming its first
+    checkpoint in and writing the pointer) is read the same way."""
     root = Path(run_dir) / "checkpoints"
     pointer = root / "latest"
-    if not pointer.exists():
+    if not pointer.exists() and not checkpoint_dirs(run_dir):
         return None
-    name = _read_pointer(pointer)
+    name = _read_pointer(pointer) if pointer.exists() else ""
     # Only a step_* name: an empty one would otherwise make root itself the checkpoint.
     if STEP_DIR.fullmatch(name) and (root / name).is_dir():
         return root / name
     dirs = list(checkpoint_dirs(run_dir).values())
     newest = dirs[-1] if dirs else None
     point_latest(root, newest.name if newest else None)
-    named = f"named {name}, which is not a complete checkpoint" if name else "is empty"
+    named = (f"named {name}, which is not a complete checkpoint" if name
+             else "is empty" if pointer.exists() else "is missing")
     print(f"[checkpoint] {pointer} {named}; "
           + (f"now {newest.name}" if newest else "no checkpoint left, starting fresh"))
     return newest

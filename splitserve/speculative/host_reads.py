@@ -41,8 +41,8 @@ class HostReads:
             bufs = self._bufs[slot] = [torch.empty(t.shape, dtype=t.dtype, pin_memory=self.cuda) for t in tensors]
         for buf, t in zip(bufs, tensors):
             buf.copy_(t, non_blocking=self.cuda)
-        if self.cuda:
-            self._events[slot].record()
+        if self.cuda:  # the copies ran on the stream of the tensors' device, which may not be the current one
+            self._events[slot].record(torch.cuda.current_stream(self.device))
         self._unread.add(slot)
         return slot
 

@@ -53,14 +53,17 @@ PRODUCTS = tuple(FUSED_MAX_T)
 
 
 class NativeKVCache:
-    """k, v: (layers, Hkv, L, hd) preallocated; the caller says where each forward writes."""
+    """k, v: (layers, Hkv, L, hd) preallocated; the caller says where each forward writes.
+    cos, sin: (L, hd) the rotary tables of slots 0..L-1, which a forward's RoPE kernel reads at
+    its positions (one table lookup, not the rotary module's 8-10 small kernels every forward)."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device):
+                 device: torch.device, rope: tuple[torch.Tensor, torch.Tensor]):
         self.max_len = max_len
         shape = (num_layers, num_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.cos, self.sin = rope
 
 
 class NativeDecoder:
@@ -76,15 +79,19 @@ class NativeDecoder:
         self.products = products
 
     def new_cache(self, max_len: int) -> NativeKVCache:
+        # The rotary module's own values at every slot: its frequencies do not depend on the
+        # sequence (target/native/support.py admits static rope types only), and each angle is
+        # one float32 product of a frequency and a position, the same in a table as in a forward.
+        positions = torch.arange(max_len, device=self.embed.device)[None]  # (1, L)
+        cos, sin = self.rotary(self.embed[None, :1], positions)  # (1, L, hd) each, in the model's dtype
         return NativeKVCache(len(self.layers), self.num_kv_heads, max_len, self.head_dim, self.embed.dtype,
-                             self.embed.device)
+                             self.embed.device, (cos[0].contiguous(), sin[0].contiguous()))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: NativeKVCache,
                 window: int) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids, positions: (T,) -> decoder output (T, D), captured layers (T, m*D)."""
         x = F.embedding(input_ids, self.embed)  # (T, D)
-        cos, sin = self.rotary(x[None], positions[None])  # (1, T, hd) each, in x.dtype
-        rope = (cos[0], sin[0], positions, cache, window)
+        rope = (cache.cos, cache.sin, positions, cache, window)  # tables (L, hd), read at positions
         run = self._fused if input_ids.shape[0] <= FUSED_MAX_T[self.products] else self._cublas
         h, captured = run(x, rope)
         aux = torch.cat([captured[i] for i in self.capture_ids], dim=-1)  # (T, m*D)
@@ -130,7 +137,8 @@ class NativeDecoder:
 
     def _attend(self, i: int, layer: Layer, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 positions: torch.Tensor, cache: NativeKVCache, window: int) -> torch.Tensor:
-        """qkv (T, (Hq + 2 Hkv) hd) -> attention output (T, Hq*hd); k, v written into cache slots `positions`."""
+        """qkv (T, (Hq + 2 Hkv) hd), cos/sin tables (L, hd) -> attention output (T, Hq*hd); k, v
+        written into cache slots `positions`."""
         T, Hq, hd = qkv.shape[0], self.num_heads, self.head_dim
         q = rope_and_write(qkv, cos, sin, layer.q_norm, layer.k_norm, self.eps, cache.k[i], cache.v[i],
                            positions, Hq)  # (T, Hq, hd)

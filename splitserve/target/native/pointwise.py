@@ -44,10 +44,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 def rope_and_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
                    k_norm: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    positions: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """qkv (T, (Hq + 2 Hkv) hd), cos/sin (T, hd), k_cache/v_cache (Hkv, L, hd) written at
-    positions (T,) -> q (T, Hq, hd), normed (q_norm: per-head RMSNorm, Qwen3) and rotated."""
+    """qkv (T, (Hq + 2 Hkv) hd), cos/sin (L, hd) rotary tables of every slot, k_cache/v_cache
+    (Hkv, L, hd) written at positions (T,) -> q (T, Hq, hd), normed (q_norm: per-head RMSNorm,
+    Qwen3) and rotated by the tables' rows at positions."""
     Hkv, _, hd = k_cache.shape
     T, Hq = qkv.shape[0], num_heads
+    cos, sin = cos[positions], sin[positions]  # (T, hd)
     q = qkv[:, : Hq * hd].view(T, Hq, hd)
     k = qkv[:, Hq * hd : (Hq + Hkv) * hd].view(T, Hkv, hd)
     v = qkv[:, (Hq + Hkv) * hd :].view(T, Hkv, hd)

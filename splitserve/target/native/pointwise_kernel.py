@@ -49,7 +49,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 def rope_and_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
                    k_norm: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    positions: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """qkv (T, (Hq + 2 Hkv) hd) -> q (T, Hq, hd); k, v written into k_cache/v_cache (Hkv, L, hd)."""
+    """qkv (T, (Hq + 2 Hkv) hd), cos/sin (L, hd) rotary tables read at positions (T,) -> q (T, Hq, hd);
+    k, v written into k_cache/v_cache (Hkv, L, hd)."""
     if triton_usable(qkv) and _pow2(k_cache.shape[-1]):
         return _rope_and_write_op(qkv.contiguous(), cos.contiguous(), sin.contiguous(), q_norm, k_norm, eps,
                                   k_cache, v_cache, positions, num_heads)
@@ -109,10 +110,11 @@ if HAS_TRITON:
                 w1, w2 = tl.load(kn_ptr + offs), tl.load(kn_ptr + HALF + offs)
             x1 = ((x1 * inv).to(dtype).to(tl.float32) * w1.to(tl.float32)).to(dtype).to(tl.float32)
             x2 = ((x2 * inv).to(dtype).to(tl.float32) * w2.to(tl.float32)).to(dtype).to(tl.float32)
-        c1 = tl.load(cos_ptr + t * HD + offs).to(tl.float32)
-        c2 = tl.load(cos_ptr + t * HD + HALF + offs).to(tl.float32)
-        s1 = tl.load(sin_ptr + t * HD + offs).to(tl.float32)
-        s2 = tl.load(sin_ptr + t * HD + HALF + offs).to(tl.float32)
+        pos = tl.load(pos_ptr + t)  # the token's slot: its row of the rotary tables and of the cache
+        c1 = tl.load(cos_ptr + pos * HD + offs).to(tl.float32)
+        c2 = tl.load(cos_ptr + pos * HD + HALF + offs).to(tl.float32)
+        s1 = tl.load(sin_ptr + pos * HD + offs).to(tl.float32)
+        s2 = tl.load(sin_ptr + pos * HD + HALF + offs).to(tl.float32)
         o1 = (x1 * c1 - x2 * s1).to(dtype)
         o2 = (x2 * c2 + x1 * s2).to(dtype)
         if is_q:
@@ -121,7 +123,6 @@ if HAS_TRITON:
             tl.store(dst + HALF + offs, o2)
         else:
             kh = h - Hq
-            pos = tl.load(pos_ptr + t)
             slot = kh * stride_cache_h + pos * stride_cache_l
             tl.store(k_cache_ptr + slot + offs, o1)
             tl.store(k_cache_ptr + slot + HALF + offs, o2)
