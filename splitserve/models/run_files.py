@@ -98,11 +98,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     # Only a step_* name: an empty one would otherwise make root itself the checkpoint.
     if STEP_DIR.fullmatch(name) and (root / name).is_dir():
         return root / name
+    named = (f"named {name}, which is not a complete checkpoint" if name
+             else "is empty" if pointer.exists() else "is missing")
     dirs = list(checkpoint_dirs(run_dir).values())
     newest = dirs[-1] if dirs else None
     point_latest(root, newest.name if newest else None)
-    named = (f"named {name}, which is not a complete checkpoint" if name
-             else "is empty" if pointer.exists() else "is missing")
     print(f"[checkpoint] {pointer} {named}; "
           + (f"now {newest.name}" if newest else "no checkpoint left, starting fresh"))
     return newest
