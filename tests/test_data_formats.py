@@ -200,9 +200,10 @@ def _parts(*texts):
 
 def test_text_content_parts_are_joined(tmp_path):
     row = {"messages": [{"role": "system", "content": _parts("Be brief.")},
-                        {"role": "user", "content": _parts("hi", " there")},
+                        {"role": "user", "content": _parts("hi", "there")},
                         {"role": "assistant", "content": _parts("Hello", "!")}]}
-    want = _msgs(("system", "Be brief."), ("user", "hi there"), ("assistant", "Hello!"))
+    # one newline between parts, as vLLM joins them for a string-content chat template
+    want = _msgs(("system", "Be brief."), ("user", "hi\nthere"), ("assistant", "Hello\n!"))
     assert list(read_conversations(_jsonl(tmp_path / "p.jsonl", [row]))) == [(1, want)]
     # Columnar: Arrow stores the parts as structs (an absent key is None).
     datasets.Dataset.from_list([row]).to_parquet(str(tmp_path / "p.parquet"))
@@ -238,10 +239,10 @@ def test_sharegpt_value_stays_a_string(tmp_path):
 def test_gen_reads_bom_files_and_text_parts(tmp_path):
     from splitserve.data.gen_plan import read_sources
 
-    row = {"messages": [{"role": "user", "content": _parts("hi", " there")}, {"role": "assistant", "content": "x"}]}
+    row = {"messages": [{"role": "user", "content": _parts("hi", "there")}, {"role": "assistant", "content": "x"}]}
     path = tmp_path / "g.jsonl"
     path.write_bytes(BOM + (json.dumps(row) + "\n").encode())
-    assert [s.turns for s in read_sources(path)] == [[[{"role": "user", "content": "hi there"}]]]
+    assert [s.turns for s in read_sources(path)] == [[[{"role": "user", "content": "hi\nthere"}]]]
     row["messages"][0]["content"].append({"type": "image_url", "image_url": {"url": "x.png"}})
     path.write_bytes(BOM + (json.dumps(row) + "\n").encode())
     with pytest.raises(DataError, match=r"g\.jsonl:1: messages\[0\] content\[2\] has type 'image_url': non-text"):

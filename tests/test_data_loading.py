@@ -191,8 +191,7 @@ def test_train_check_still_stops_at_a_bad_byte(tmp_path):
 
 def test_bom_and_text_parts_give_the_plain_samples(tmp_path, smollm2_tokenizer):
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]},
-                          {"role": "assistant", "content": [{"type": "text", "text": "Hello"},
-                                                            {"type": "text", "text": " there."}]}]}
+                          {"role": "assistant", "content": [{"type": "text", "text": "Hello there."}]}]}
     path = tmp_path / "bom.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + (json.dumps(parts) + "\n" + json.dumps(GOOD) + "\n").encode())
     _check(path, strict=True)

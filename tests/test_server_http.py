@@ -176,6 +176,12 @@ def test_chat_template_file_and_kwargs_reach_the_template(server, client):
     shout = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0,
                                            extra_body={"chat_template_kwargs": {"shout": True}})
     assert shout.usage.prompt_tokens == len(tok("<user>hello there!!!<a>", add_special_tokens=False)["input_ids"])
+    # text content parts reach the template joined by a newline, as vLLM joins them (and as
+    # training data reads them: data/formats.py)
+    parts = [{"role": "user", "content": [{"type": "text", "text": t} for t in ("ab", "cd", "ef", "gh")]}]
+    joined = client.chat.completions.create(model=MODEL, messages=parts, max_tokens=2, temperature=0)
+    assert joined.usage.prompt_tokens == len(tok("<user>ab\ncd\nef\ngh<a>", add_special_tokens=False)["input_ids"])
+    assert joined.usage.prompt_tokens != len(tok("<user>abcdefgh<a>", add_special_tokens=False)["input_ids"])
 
 
 def _post(server, path: str, obj, content_type: str | None = "application/json") -> tuple[int, dict, dict]:

@@ -7,8 +7,9 @@
                                                       instruction after a blank line
 
 An OpenAI message's content may also be a list of parts; its text parts
-(`{"type": "text", "text": ...}`) are joined into one string, and a part of any other type (an
-image, audio, a file) makes the row malformed: the draft is trained on text only.
+(`{"type": "text", "text": ...}`) are joined into one string with a newline between parts (as vLLM
+joins them for a chat template that takes a string; SGLang joins with a space), and a part of any
+other type (an image, audio, a file) makes the row malformed: the draft is trained on text only.
 
 Besides role and content a message keeps the string fields chat templates read
 (`reasoning_content`, `name`, `tool_call_id`) and an assistant's `tool_calls`, so a template renders
@@ -49,6 +50,11 @@ def _message(role: str, content: Any, src: dict, where: str, j: int, key: str) -
     return msg
 
 
+# Between the text parts of one message: vLLM's separator, so a multi-part message is trained on
+# as vLLM renders it when the draft is served there (splitserve serve joins with it too).
+TEXT_PART_SEPARATOR = "\n"
+
+
 def _text_parts(content: Any, where: str, j: int) -> Any:
     """OpenAI content given as a list of parts -> its text parts joined; anything else unchanged."""
     if not isinstance(content, list):
@@ -65,7 +71,7 @@ def _text_parts(content: Any, where: str, j: int) -> Any:
             raise DataError(f"{where}: messages[{j}] content[{k}] 'text' must be a string, "
                             f"got {type(part.get('text')).__name__}")
         texts.append(part["text"])
-    return "".join(texts)
+    return TEXT_PART_SEPARATOR.join(texts)
 
 
 def _turns(raw: Any, where: str, key: str, fields: tuple[str, str]) -> Iterator[tuple[int, dict]]:

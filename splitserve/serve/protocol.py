@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from splitserve.data.chat import ChatTemplate, DataError, has_chat_template, template_arg_clash
+from splitserve.data.formats import TEXT_PART_SEPARATOR
 from splitserve.data.prompts import encode_prompt
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
@@ -127,7 +128,8 @@ class Message(BaseModel):
     refusal: str | None = None
 
     def plain(self) -> dict:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        content = (self.content if isinstance(self.content, str)
+                   else TEXT_PART_SEPARATOR.join(p.text for p in self.content or []))
         if self.content is None and self.refusal:
             content = self.refusal
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
