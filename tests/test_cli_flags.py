@@ -56,10 +56,12 @@ def test_serve_flags_build_the_configs():
     p, flags = cli.serve_parser()
     args = p.parse_args(["--draft", "D", "--no-cuda-graphs", "--compile", "--max-context", "512", "--seed", "3",
                          "--ignore-field", "a", "--ignore-field", "b", "--timeout-keep-alive", "2",
-                         "--model-name", "m", "--trust-remote-code", "--no-markov-kernel"])
+                         "--model-name", "m", "--trust-remote-code", "--no-markov-kernel", "--no-overlap"])
     assert flags.build(ModelsConfig, args) == ModelsConfig(draft="D", trust_remote_code=True)
     assert flags.build(EngineConfig, args) == EngineConfig(max_context=512, use_cuda_graphs=False,
-                                                           compile_backend="inductor", seed=3, markov_kernel=False)
+                                                           compile_backend="inductor", seed=3, markov_kernel=False,
+                                                           overlap_steps=False)
+    assert flags.build(EngineConfig, p.parse_args(["--draft", "D"])).overlap_steps is None  # the device decides
     assert flags.build(ServerConfig, args) == ServerConfig(ignore_fields=("a", "b"), keep_alive_s=2.0,
                                                            served_model_name="m")
     assert cli.serve_parser()[0].parse_args(["--draft", "D"]).ignore_fields == []  # no list shared across parses
