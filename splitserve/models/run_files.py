@@ -92,15 +92,16 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     checkpoint in and writing the pointer) is read the same way."""
     root = Path(run_dir) / "checkpoints"
     pointer = root / "latest"
-    if not pointer.exists() and not checkpoint_dirs(run_dir):
-        return None
-    name = _read_pointer(pointer) if pointer.exists() else ""
+    has_pointer = pointer.exists()
+    name = _read_pointer(pointer) if has_pointer else ""
     # Only a step_* name: an empty one would otherwise make root itself the checkpoint.
     if STEP_DIR.fullmatch(name) and (root / name).is_dir():
         return root / name
-    named = (f"named {name}, which is not a complete checkpoint" if name
-             else "is empty" if pointer.exists() else "is missing")
     dirs = list(checkpoint_dirs(run_dir).values())
+    if not has_pointer and not dirs:
+        return None
+    named = (f"named {name}, which is not a complete checkpoint" if name
+             else "is empty" if has_pointer else "is missing")
     newest = dirs[-1] if dirs else None
     point_latest(root, newest.name if newest else None)
     print(f"[checkpoint] {pointer} {named}; "

@@ -328,7 +328,8 @@ class Engine:
         copies of its outputs -> the ticket to read them by."""
         w = self._window_for(mode, start_len)
         self.graphs.run((mode, temperature, w, trunc), self._step(mode, temperature, w, trunc))
-        return self._reads.stage(self.out, *(() if self.conf_out is None or mode != "spec" else (self.conf_out,)))
+        outs = (self.out,) if self.conf_out is None or mode != "spec" else (self.out, self.conf_out)
+        return self._reads.stage(*outs)
 
     @staticmethod
     def _commit(stats: GenStats, chunk: list[int], params: SamplingParams, on_tokens: OnTokens | None,

@@ -91,19 +91,19 @@ class NativeDecoder:
                 window: int) -> tuple[torch.Tensor, torch.Tensor]:
         """input_ids, positions: (T,) -> decoder output (T, D), captured layers (T, m*D)."""
         x = F.embedding(input_ids, self.embed)  # (T, D)
-        rope = (cache.cos, cache.sin, positions, cache, window)  # tables (L, hd), read at positions
+        slots = (positions, cache, window)  # where the layers' attention reads and writes
         run = self._fused if input_ids.shape[0] <= FUSED_MAX_T[self.products] else self._cublas
-        h, captured = run(x, rope)
+        h, captured = run(x, slots)
         aux = torch.cat([captured[i] for i in self.capture_ids], dim=-1)  # (T, m*D)
         return h, aux
 
-    def _fused(self, x: torch.Tensor, rope: tuple) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def _fused(self, x: torch.Tensor, slots: tuple) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """x (T, D) embedded -> (output (T, D), {layer: residual stream after it}), four products a
         layer with the norms, SiLU·up and the residual adds folded in."""
         r, captured = x, {}
         for i, layer in enumerate(self.layers):
             qkv = self._product(r, layer.qkv, norm=layer.ln1)  # (T, (Hq + 2 Hkv) hd)
-            a = self._attend(i, layer, qkv, *rope)  # (T, Hq*hd)
+            a = self._attend(i, layer, qkv, *slots)  # (T, Hq*hd)
             r = self._product(a, layer.o, residual=r)  # (T, D)
             act = self._product(r, layer.gate_up, norm=layer.ln2, silu=True)  # (T, F)
             r = self._product(act, layer.down, residual=r)  # (T, D)
@@ -111,7 +111,7 @@ class NativeDecoder:
                 captured[i] = r
         return rms_norm(r, self.final_norm, self.eps), captured
 
-    def _cublas(self, x: torch.Tensor, rope: tuple) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def _cublas(self, x: torch.Tensor, slots: tuple) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The same with cuBLAS products (FP8 weights: the Triton product); a product's output x
         joins the residual stream in the add+norm kernel that follows it."""
         residual, captured = None, {}
@@ -119,7 +119,7 @@ class NativeDecoder:
             h, residual = add_rms_norm(x, residual, layer.ln1, self.eps)
             if i - 1 in self.capture_ids:
                 captured[i - 1] = residual
-            a = self._attend(i, layer, self._linear(h, layer.qkv), *rope)  # (T, Hq*hd)
+            a = self._attend(i, layer, self._linear(h, layer.qkv), *slots)  # (T, Hq*hd)
             h, residual = add_rms_norm(self._linear(a, layer.o), residual, layer.ln2, self.eps)
             x = self._linear(silu_mul(self._linear(h, layer.gate_up)), layer.down)  # (T, 2F) -> (T, F) -> (T, D)
         h, residual = add_rms_norm(x, residual, self.final_norm, self.eps)
@@ -135,12 +135,12 @@ class NativeDecoder:
     def _linear(self, x: torch.Tensor, lin: Linear) -> torch.Tensor:
         return linear_kernel.linear(x, lin.w, lin.scale, lin.bias)
 
-    def _attend(self, i: int, layer: Layer, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                positions: torch.Tensor, cache: NativeKVCache, window: int) -> torch.Tensor:
-        """qkv (T, (Hq + 2 Hkv) hd), cos/sin tables (L, hd) -> attention output (T, Hq*hd); k, v
-        written into cache slots `positions`."""
+    def _attend(self, i: int, layer: Layer, qkv: torch.Tensor, positions: torch.Tensor, cache: NativeKVCache,
+                window: int) -> torch.Tensor:
+        """qkv (T, (Hq + 2 Hkv) hd) -> attention output (T, Hq*hd); k, v rotated by the cache's
+        rotary tables at `positions` and written into those cache slots."""
         T, Hq, hd = qkv.shape[0], self.num_heads, self.head_dim
-        q = rope_and_write(qkv, cos, sin, layer.q_norm, layer.k_norm, self.eps, cache.k[i], cache.v[i],
+        q = rope_and_write(qkv, cache.cos, cache.sin, layer.q_norm, layer.k_norm, self.eps, cache.k[i], cache.v[i],
                            positions, Hq)  # (T, Hq, hd)
         a = attention_kernel.decode_attention(q, cache.k[i], cache.v[i], positions, window, self.scale,
                                               layer.sliding_window)  # (T, Hq, hd)
