@@ -142,6 +142,9 @@ def engine_costs(target, draft, name: str, prompts, args) -> dict:
     out["projected"] = [{"tau": t, "spec_tpot_ms": spec["wall_per_step_ms"] / t,
                          "speedup_over_ar": t * ar["mean_tpot_ms"] / spec["wall_per_step_ms"]}
                         for t in args.project_tau]
+    if "t_commit_1_ms" in out:  # recurrent target: a round is the graphed round plus one commit
+        print(f"  {name}: rewind (commit replay) {out['t_commit_1_ms']:.3f} ms for 1 token, "
+              f"{out[f't_commit_{engine.gamma + 1}_ms']:.3f} ms for {engine.gamma + 1}", flush=True)
     print(f"  {name}: decode {out['t_decode_ms']:.3f} ms, round {out['t_round_ms']:.3f} ms "
           f"(draft {out['t_draft_ms']:.3f}, verify {out['t_verify_ms']:.3f}), "
           f"{out['kernels_per_round'] or 0:.0f} kernels/round, idle {100 * (out['gpu_idle_fraction'] or 0):.1f}% traced, "
@@ -155,15 +158,22 @@ def table(shape: str, res: dict) -> str:
     rows = [f"### {shape}: floor {floor:.3f} ms ({res['step_gb']:.2f} GB at {res['copy_gbps']:.0f} GB/s)"
             + (f", transformers static-cache peer {peer:.3f} ms" if peer else ""), "",
             "| variant | decode | round | draft | verify | round/decode | decode/floor | decode/peer | kernels/round "
-            "| idle (traced) | idle (untraced round) | AR TPOT (requests) |", "|" + "---|" * 12]
+            "| idle (traced) | idle (untraced round) | AR TPOT (requests) | round in requests | rewind 1 / γ+1 |",
+            "|" + "---|" * 14]
     for name, v in res["variants"].items():
         rows.append(f"| {name} | {v['t_decode_ms']:.3f} | {v['t_round_ms']:.3f} | {v['t_draft_ms']:.3f} "
                     f"| {v['t_verify_ms']:.3f} | {v['t_round_ms'] / v['t_decode_ms']:.2f} "
                     f"| {v['t_decode_ms'] / floor:.2f} | {v['t_decode_ms'] / peer if peer else float('nan'):.2f} "
                     f"| {v['kernels_per_round'] or 0:.0f} | {100 * (v['gpu_idle_fraction'] or 0):.1f}% "
                     f"| {100 * (v.get('idle_untraced') or 0):.1f}% "
-                    f"| {v['ar']['mean_tpot_ms']:.3f} |")
+                    f"| {v['ar']['mean_tpot_ms']:.3f} | {v['spec']['wall_per_step_ms']:.3f} "
+                    f"| {_rewind(v)} |")
     return "\n".join(rows)
+
+
+def _rewind(v: dict) -> str:
+    keys = sorted((k for k in v if k.startswith("t_commit_")), key=lambda k: int(k.split("_")[2]))
+    return " / ".join(f"{v[k]:.3f}" for k in keys) or "-"
 
 
 def main() -> None:

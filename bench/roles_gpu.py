@@ -40,16 +40,25 @@ def llama8b_shape():
                        rope_theta=1e6, tie_word_embeddings=False)
 
 
-RANDOM_SHAPES = {"llama-8b": llama8b_shape, "smollm2": smollm2_shape}
+def qwen35_9b_shape():
+    """Qwen3.5-9B's shape (transformers' Qwen3_5TextConfig defaults: 32 layers, three gated-DeltaNet
+    layers to one gated full-attention layer, D 4096, attention 16/4 heads of 256, linear attention
+    16 key / 32 value heads of 128, conv 4, FFN 12,288, V 248,320): a dense hybrid that fits one GPU."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(max_position_embeddings=32768)
+
+
+RANDOM_SHAPES = {"llama-8b": llama8b_shape, "smollm2": smollm2_shape, "qwen3.5-9b": qwen35_9b_shape}
 
 
 def random_target(shape: str, device: str = "cuda"):
     """A bf16 target of a RANDOM_SHAPES shape with random weights (step time does not depend on them)."""
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     with torch.device(device):
-        model = LlamaForCausalLM(RANDOM_SHAPES[shape]()).to(torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(RANDOM_SHAPES[shape](), dtype=torch.bfloat16)
     return wrap_hf_model(model.eval(), TargetConfig(name=f"{shape}-shape", dtype="bfloat16", device=device))
 
 

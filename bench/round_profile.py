@@ -34,6 +34,7 @@ import argparse
 import json
 import statistics
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -90,7 +91,7 @@ def component_costs(engine: Engine, prompt: list[int], iters: int) -> dict:
         d_out.copy_(tok)
 
     def verify_only():  # the target on [x_p, d_1..d_γ] at p..p+γ (writes cache slots the next round overwrites)
-        logits, _ = e.target.forward_static(block[None], e.cache, e.seq_len + e._offsets, window=w)
+        logits, _ = e.target.forward_static(block[None], e.cache, e.seq_len + e._offsets, window=w, verify=True)
         v_out.copy_(logits[0].argmax(-1))
 
     def at_p(fn):
@@ -105,9 +106,14 @@ def component_costs(engine: Engine, prompt: list[int], iters: int) -> dict:
     out = {"p": P, "window": w}
     steps = (("t_draft_ms", draft_only), ("t_verify_ms", verify_only), ("t_round_ms", e._step("spec", 0.0, w)),
              ("t_decode_ms", e._step("ar", 0.0, e._window_for("ar", P))))
+    if e._recurrent:  # the rewind: replay of the accepted prefix through the recurrent mixers
+        steps += tuple((f"t_commit_{keep}_ms", partial(e.target.commit_static, e.cache, keep))
+                       for keep in (1, e.gamma + 1))
     for name, fn in steps:
         e._reset()
         e._prefill(prompt, 0.0)
+        if name.startswith("t_commit"):
+            e._step("spec", 0.0, w)()  # a verify forward first: the commit replays its inputs
         out[name] = time_graph(at_p(fn), iters, e.device)
     e._reset()
     return out

@@ -23,6 +23,7 @@ import torch
 
 WINDOW = 8
 VOCAB = 512
+LOCAL = ("llama", "qwen3", "qwen3-moe", "mistral-window", "gemma2", "gemma3-text", "gemma3-multimodal", "granite")
 
 
 def build(arch: str):
@@ -44,7 +45,16 @@ def build(arch: str):
             vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                image_size=28, patch_size=14)),
         "granite": lambda: tf.GraniteConfig(**c, logits_scaling=4.0),
-    }[arch]()
+    }.get(arch, lambda: matrix_config(arch))()
+
+
+def matrix_config(arch: str):
+    """The architecture matrix's tiny config of `arch` (tests/arch_matrix.py): hybrid and purely
+    recurrent targets (their recurrent mixers are scaled there too), MLA, attention sinks."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from arch_matrix import build_config
+
+    return build_config(arch, VOCAB, 1, 2)
 
 
 def check(arch: str, device: torch.device, max_tokens: int) -> dict:
@@ -59,6 +69,10 @@ def check(arch: str, device: torch.device, max_tokens: int) -> dict:
     model = tf.AutoModelForCausalLM.from_config(build(arch)).to(device).eval()
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(20.0)
+        if arch not in LOCAL:  # recurrent mixers scaled, so a wrong rewind changes tokens
+            from arch_matrix import scale_recurrent_mixers
+
+            scale_recurrent_mixers(model)
     target = wrap_hf_model(model, TargetConfig(name=arch, layer_ids=[0, 1, 2]))
     arch_d = resolve_arch(DraftConfig(block_size=4, num_layers=1, markov_rank=8, mask_token_id=VOCAB - 1),
                           target.info, target.config)

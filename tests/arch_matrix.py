@@ -8,6 +8,12 @@ is untied, x20, with rows of log-normally spread scales: over a 49k vocabulary, 
 leave ~1% of greedy picks a near tie another code path could flip; spread rows leave ~0.05%.
 Every greedy pick compared across two code paths is checked to be no near tie
 (floats.assert_tie_free); an architecture whose default seed meets one gets another in SEEDS.
+
+Recurrent targets (gated DeltaNet, KDA, Mamba-2 and hybrids of them) get their recurrent
+mixers' output projections scaled x30 (MIXER_SCALE): at random init those layers barely move
+the residual stream, and a state that was not rewound after a rejection would then still give
+the same greedy tokens. Scaled, committing the wrong state changes the output
+(tests/test_recurrent_rewind.py shows it does).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import torch
 
 WINDOW = 8
 NEW_TOKENS = 16
-SEEDS = {"llama": 1}  # arch -> a seed whose greedy picks here are no near ties
+SEEDS = {"llama": 1, "deepseek-v3": 1}  # arch -> a seed whose greedy picks here are no near ties
+MIXER_SCALE = 30.0  # recurrent mixers' out_proj, so their state decides tokens
 # Gemma-2 soft-caps its logits at 30: larger raw logits would all saturate into near ties.
 HEAD_SCALE = {"gemma2": 2.0}
 CHAT = [{"role": "user", "content": "Tell me about the weather at the coast in spring, please."}]
@@ -66,16 +73,63 @@ def build_config(arch: str, vocab: int, bos: int, eos: int):
         return tf.GraniteConfig(**c, logits_scaling=4.0)  # divides its logits
     if arch == "gpt-neox":
         return tf.GPTNeoXConfig(**{k: v for k, v in c.items() if k != "num_key_value_heads"})
-    if arch == "qwen3-next":  # hybrid: linear-attention (gated delta net) layers among full ones
-        return tf.Qwen3NextConfig(**c, head_dim=8, architectures=["Qwen3NextForCausalLM"],
-                                  layer_types=["linear_attention", "full_attention"] * 2, num_experts=4,
-                                  num_experts_per_tok=2, moe_intermediate_size=32)
+    return _recurrent_or_mla(arch, c, tf)
+
+
+def _recurrent_or_mla(arch: str, c: dict, tf):
+    """Hybrid (recurrent + attention), pure recurrent, MLA and attention-sink targets."""
+    gdn = dict(head_dim=8, layer_types=["linear_attention", "full_attention"] * 2, linear_num_key_heads=2,
+               linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8)
+    mla = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4)
+    moe = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+    mamba = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8)
+    kda_layers = ["linear_attention"] * 3 + ["full_attention"]
+    if arch == "qwen3-next":  # gated DeltaNet layers among full ones, MoE
+        return tf.Qwen3NextConfig(**c, **gdn, num_experts=4, **moe)
+    if arch == "qwen3.5":
+        return tf.Qwen3_5TextConfig(**c, **gdn)
+    if arch == "qwen3.5-moe":  # every MLP an MoE (no dense width: the draft takes the shared expert's)
+        return tf.Qwen3_5MoeTextConfig(**{k: v for k, v in c.items() if k != "intermediate_size"}, **gdn,
+                                       num_experts=4, shared_expert_intermediate_size=32, **moe)
+    if arch == "kimi-linear":  # KDA layers + one MLA layer, MoE with a shared expert
+        return tf.KimiLinearConfig(**{**c, **mla}, layer_types=kda_layers, linear_head_dim=8, linear_num_heads=4,
+                                   q_lora_rank=None, num_local_experts=4, n_shared_experts=1, **moe)
+    if arch == "ling":  # Ling-3.0's family (bailing_hybrid): KDA + MLA + MoE
+        return tf.BailingHybridConfig(**{**c, **mla}, layer_types=kda_layers, head_dim=8, q_lora_rank=None,
+                                      num_local_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                                      topk_group=1, **moe)
+    if arch == "nemotron-h":  # Mamba-2, attention, MoE and MLP blocks, one kind a layer
+        d = {k: v for k, v in c.items() if k != "num_hidden_layers"}
+        return tf.NemotronHConfig(**d, layers_block_type=["mamba", "attention", "mamba", "moe"], head_dim=8,
+                                  mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, n_groups=2, chunk_size=8,
+                                  n_routed_experts=4, moe_shared_expert_intermediate_size=32, **moe)
+    if arch == "falcon-h1":  # attention and Mamba-2 side by side in every layer
+        return tf.FalconH1Config(**c, head_dim=8, mamba_d_ssm=64, **mamba)
+    if arch == "granite-hybrid":  # Granite-4.0-H: Mamba-2 + attention, MoE
+        return tf.GraniteMoeHybridConfig(**c, layer_types=["mamba", "attention"] * 2, num_local_experts=4,
+                                         shared_intermediate_size=32, num_experts_per_tok=2, **mamba)
+    if arch == "mamba2":  # purely recurrent: no attention layer at all
+        return tf.Mamba2Config(vocab_size=c["vocab_size"], hidden_size=32, num_hidden_layers=4, num_heads=4,
+                               head_dim=16, state_size=8, n_groups=2, chunk_size=8, expand=2, tie_word_embeddings=False,
+                               bos_token_id=c["bos_token_id"], eos_token_id=c["eos_token_id"],
+                               pad_token_id=c["pad_token_id"])
+    if arch == "deepseek-v3":  # MLA, MoE after one dense layer
+        return tf.DeepseekV3Config(**{**c, **mla}, q_lora_rank=24, n_routed_experts=4, n_shared_experts=1,
+                                   first_k_dense_replace=1, n_group=1, topk_group=1, **moe)
+    if arch == "gpt-oss":  # attention sinks, sliding and full layers, MoE
+        return tf.GptOssConfig(**c, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+                               layer_types=["sliding_attention", "full_attention"] * 2)
+    if arch == "lfm2":  # short-convolution layers: refused
+        return tf.Lfm2Config(**c, layer_types=["conv", "full_attention"] * 2, architectures=["Lfm2ForCausalLM"])
     raise KeyError(arch)
 
 
-SERVED = ("llama", "qwen2", "qwen3", "qwen3-moe", "mistral-window", "gemma2", "gemma3-text", "gemma3-multimodal",
-          "phi3", "granite", "gpt-neox")
-REFUSED = ("qwen3-next",)
+DENSE = ("llama", "qwen2", "qwen3", "qwen3-moe", "mistral-window", "gemma2", "gemma3-text", "gemma3-multimodal",
+         "phi3", "granite", "gpt-neox")
+RECURRENT = ("qwen3-next", "qwen3.5", "qwen3.5-moe", "kimi-linear", "ling", "nemotron-h", "falcon-h1", "granite-hybrid",
+             "mamba2")
+SERVED = DENSE + RECURRENT + ("deepseek-v3", "gpt-oss")
+REFUSED = ("lfm2",)
 ARCHS = SERVED + REFUSED
 
 
@@ -98,8 +152,23 @@ def save_tiny(arch: str, out: Path, seed: int = 0) -> Path:
     with torch.no_grad():  # rows of spread scales: the top logit stands out, as in trained models
         head = model.get_output_embeddings().weight  # (V, D)
         head.mul_(HEAD_SCALE.get(arch, 20.0) * torch.exp(torch.randn(head.shape[0], 1)))
+        scale_recurrent_mixers(model)
     model.save_pretrained(out)
     return out
+
+
+def scale_recurrent_mixers(model, scale: float = MIXER_SCALE) -> int:
+    """Multiply the output projection of every recurrent mixer (a module owning an A_log) by
+    `scale`, so that its state decides the greedy tokens -> how many projections were scaled."""
+    scaled = 0
+    for mod in model.modules():
+        if "A_log" in dict(mod.named_parameters(recurse=False)) or "A_log" in dict(
+                getattr(mod, "forget_gate", mod).named_parameters(recurse=False)):
+            for name, p in mod.named_parameters():
+                if name in ("out_proj.weight", "o_proj.weight"):
+                    p.mul_(scale)
+                    scaled += 1
+    return scaled
 
 
 @dataclass
@@ -261,10 +330,11 @@ def check_refused(arch: str, work: Path) -> Row:
 
 
 def _windows(target) -> str:
-    ws = target.layout.windows
-    if not any(w is not None for w in ws):
+    """Per layer: full, sw<window>, or rec (a recurrent state: linear attention, Mamba-2)."""
+    ws, rec = target.layout.windows, target.layout.recurrent or (False,) * len(target.layout.windows)
+    if not any(w is not None for w in ws) and not any(rec):
         return "full"
-    return " ".join("full" if w is None else f"sw{w}" for w in ws)
+    return " ".join("rec" if r else "full" if w is None else f"sw{w}" for w, r in zip(ws, rec))
 
 
 def _transform(target) -> str:

@@ -45,8 +45,8 @@ def _config_only(tmp_path, config, arch):
 
 
 @pytest.mark.parametrize("config, arch, reason", [
-    (tf.MambaConfig(num_hidden_layers=2, hidden_size=16), "MambaForCausalLM", "recurrent state"),
-    (tf.Qwen3NextConfig(**{**SMALL, "num_hidden_layers": 4}, head_dim=8), "Qwen3NextForCausalLM", "linear_attention"),
+    (tf.RwkvConfig(num_hidden_layers=2, hidden_size=16), "RwkvForCausalLM", "purely recurrent model .*kind rwkv"),
+    (tf.Lfm2Config(**SMALL, layer_types=["conv", "full_attention"] * 2), "Lfm2ForCausalLM", "layers of kind conv"),
     (tf.Llama4TextConfig(**SMALL, head_dim=8), "Llama4ForCausalLM", "chunked_attention"),
 ])
 def test_unservable_targets_refused_from_config_alone(tmp_path, monkeypatch, config, arch, reason):
@@ -65,12 +65,12 @@ def test_cli_refusal_is_one_line(tmp_path):
     import subprocess
     import sys
 
-    cfg = _config_only(tmp_path / "mamba", tf.MambaConfig(num_hidden_layers=2, hidden_size=16), "MambaForCausalLM")
+    cfg = _config_only(tmp_path / "rwkv", tf.RwkvConfig(num_hidden_layers=2, hidden_size=16), "RwkvForCausalLM")
     proc = subprocess.run([sys.executable, "-m", "splitserve.cli", "train", f"target.path={cfg.path}",
                            f"run_dir={tmp_path / 'run'}", "train.device=cpu"], capture_output=True, text=True)
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("splitserve train: target ") and "MambaForCausalLM" in last, proc.stderr[-2000:]
+    assert last.startswith("splitserve train: target ") and "RwkvForCausalLM" in last, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 

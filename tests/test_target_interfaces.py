@@ -80,7 +80,7 @@ def test_the_interfaces_are_small_and_share_only_the_draft_weights():
     assert members(CaptureTarget) - weights == {"capture"}
     assert members(DecodingTarget) - weights == DECODING_MEMBERS
     assert DECODING_MEMBERS == {"new_cache", "forward_cached", "crop_cache", "new_static_cache", "forward_static",
-                                "max_positions", "eos_ids", "generate"}
+                                "recurrent", "commit_static", "max_positions", "eos_ids", "generate"}
 
 
 def _capture_only():

@@ -38,7 +38,8 @@ def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokeniz
         raise ValueError(f"draft.block_size must be >= 1, got {cfg.block_size}")
     if hasattr(target_config, "get_text_config"):
         target_config = target_config.get_text_config()
-    n_heads = cfg.num_heads or target_config.num_attention_heads
+    # a target without attention (a pure Mamba) gives the draft 64-wide heads
+    n_heads = cfg.num_heads or getattr(target_config, "num_attention_heads", None) or max(1, info.hidden_size // 64)
     head_dim = cfg.head_dim or getattr(target_config, "head_dim", None) or info.hidden_size // n_heads
     rope = cfg.rope_theta
     if rope is None:
@@ -52,7 +53,7 @@ def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokeniz
         num_heads=n_heads,
         num_kv_heads=cfg.num_kv_heads or getattr(target_config, "num_key_value_heads", n_heads),
         head_dim=head_dim,
-        intermediate_size=cfg.intermediate_size or target_config.intermediate_size,
+        intermediate_size=cfg.intermediate_size or _dense_width(target_config),
         rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
         rope_theta=float(rope),
         block_size=cfg.block_size,
@@ -65,6 +66,17 @@ def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokeniz
         target_name=info.name,
         target_num_layers=info.num_layers,
     )
+
+
+def _dense_width(target_config) -> int:
+    """The target's dense MLP width; an all-MoE target (Qwen3.5-MoE) has none, and the draft's
+    one dense MLP takes its shared expert's width, else one routed expert's; a target with no
+    MLP at all (a pure Mamba) gives the usual 4 x hidden."""
+    for name in ("intermediate_size", "shared_expert_intermediate_size", "moe_intermediate_size"):
+        width = getattr(target_config, name, None)
+        if width:
+            return int(width)
+    return 4 * int(target_config.hidden_size)
 
 
 def check_compatible(arch: DSparkArch, info: TargetInfo, where: str = "draft") -> None:

@@ -23,6 +23,12 @@ the window of the furthest p it can start at), so the GPU goes from round to rou
 gap for Python (speculative/host_reads.py). A round queued past the request's end (EOS, cancel)
 runs for nothing and is never read.
 
+Recurrent layers (hybrid targets: gated DeltaNet, KDA, Mamba-2) cannot be rewound by a mask. The
+verify forward reads their state without advancing it, and after the host reads n the accepted
+prefix is committed by replaying it through the recurrent mixers (`commit_static`, one CUDA
+graph per prefix length; target/recurrent.py). That read comes before the next round, so on
+such targets a round is not queued ahead of the previous one's read.
+
 AR mode is the same engine without the draft: one token per step through the same static cache.
 Verification width is static (γ+1). With `verify_schedule="confidence"` the round also picks,
 on the device, a prefix length L from the draft's calibrated c_k (speculative/schedule.py) and treats
@@ -143,9 +149,12 @@ class Engine:
         # Queue the next step before reading this one (speculative/host_reads.py): on CUDA by
         # default, where launches are asynchronous; on a CPU it would only add a wasted step.
         self._overlap = cfg.overlap_steps if cfg.overlap_steps is not None else dev.type == "cuda"
+        self._recurrent = bool(target.recurrent)  # spec rounds then need a commit after each read
         self._reads = HostReads(dev)
-        # one graph per (mode, temperature, window): room for a few temperatures per mode
-        self.graphs = StepGraphs(cfg.use_cuda_graphs, dev, self.generator, max_graphs=8 * len(self.windows))
+        # one graph per (mode, temperature, window), room for a few temperatures per mode, and
+        # on recurrent targets one commit graph per accepted-prefix length 1..γ+1
+        self.graphs = StepGraphs(cfg.use_cuda_graphs, dev, self.generator,
+                                 max_graphs=8 * len(self.windows) + (self.gamma + 1) * self._recurrent)
         if cfg.markov_topk < 0:
             raise ValueError(f"markov_topk must be >= 0 (0: the exact Markov stage), got {cfg.markov_topk}")
         if cfg.verify_kernel not in ("auto", "torch"):
@@ -193,7 +202,8 @@ class Engine:
         )  # (γ,), (γ, V) | None, (γ,) | None
         pos = p + self._offsets  # (γ+1,)
         verify_in = torch.cat([self.anchor.view(1), d_tok])  # (γ+1,): x_p, d_1..d_γ
-        logits, cap = self.target.forward_static(verify_in[None], self.cache, pos, window=window)  # (1, γ+1, V)
+        logits, cap = self.target.forward_static(verify_in[None], self.cache, pos, window=window,
+                                                 verify=True)  # (1, γ+1, V)
         top_k, top_p = trunc  # the draft proposes untruncated; verify_block's maths keeps it lossless
         n, bonus = verify_block(d_tok, d_prob, logits[0], temperature, self.generator, **self._verify_fns,
                                 top_k=top_k, top_p=top_p)
@@ -222,6 +232,10 @@ class Engine:
     def _step(self, mode: str, temperature: float, window: int, trunc: tuple[int, float] = (0, 1.0)):
         return partial(self._spec_round if mode == "spec" else self._ar_step, temperature, window, trunc)
 
+    def _commit_state(self, keep: int) -> None:
+        """Recurrent targets: the last round's first `keep` verify tokens become the state."""
+        self.graphs.run(("commit", keep), partial(self.target.commit_static, self.cache, keep))
+
     def _window_for(self, mode: str, seq_len: int) -> int:
         """The smallest window holding every slot a step at committed length seq_len writes."""
         last = seq_len + (self.gamma if mode == "spec" else 0)
@@ -237,6 +251,9 @@ class Engine:
             if lo <= w <= hi:
                 self._reset()
                 self.graphs.prepare((mode, temperature, w, trunc), self._step(mode, temperature, w, trunc))
+        if mode == "spec" and self._recurrent:  # after a round was captured, so its inputs exist
+            for keep in range(1, self.gamma + 2):
+                self.graphs.prepare(("commit", keep), partial(self.target.commit_static, self.cache, keep))
         self._reset()
 
     # ---- one request --------------------------------------------------------------------
@@ -262,10 +279,12 @@ class Engine:
     def _reset(self) -> None:
         self.seq_len.zero_()
         self.anchor.zero_()
+        self.cache.reset()
 
     def _prefill(self, prompt_ids: list[int], temperature: float, trunc: tuple[int, float] = (0, 1.0)) -> None:
         ids = torch.tensor([prompt_ids], device=self.device)  # (1, P)
         pos = torch.arange(len(prompt_ids), device=self.device)  # (P,)
+        self.cache.reset()  # recurrent states from zero (attention slots need nothing)
         logits, cap = self.target.forward_static(ids, self.cache, pos, logits_from=len(prompt_ids) - 1)
         if self.ctx is not None:
             self.ctx.write(cap.aux, pos)
@@ -304,7 +323,8 @@ class Engine:
             # the next step is needed whatever it commits (unless it ends at EOS), so it is
             # queued now, starting at p + n + 1 <= p + most: the GPU goes from one step to the
             # next without waiting for this loop. Its window covers the furthest start.
-            if self._overlap and len(in_flight) == 1 and len(stats.tokens) + most < params.max_tokens:
+            overlap = self._overlap and not (mode == "spec" and self._recurrent)
+            if overlap and len(in_flight) == 1 and len(stats.tokens) + most < params.max_tokens:
                 in_flight.append(self._launch(mode, temperature, seq_len + most, trunc))
             vals, *conf = self._reads.read(in_flight.pop(0))  # waits for that step's copies only
             n = vals[0]
@@ -313,6 +333,8 @@ class Engine:
                 stats.accepts.append(n)
                 if conf:
                     stats.confidences.append(conf[0])
+                if self._recurrent:
+                    self._commit_state(n + 1)
             if self._commit(stats, vals[1 : n + 2], params, on_tokens, start):
                 break
             if not in_flight:

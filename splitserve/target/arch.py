@@ -6,10 +6,12 @@ start, before any weight is read.
 
 Speculative decoding rewinds the target after every rejected draft token: the KV entries of the
 rejected positions are dropped (reference loop) or masked out and overwritten (serving engine).
-That is exact for attention, whose state is one entry per position. A recurrent layer (Mamba,
-linear attention, gated delta nets, short convolutions) folds every token into one state; the
-state before a rejected token cannot be recovered from the state after it, so such targets are
-refused rather than served approximately.
+That is exact for attention, whose state is one entry per position. A recurrent layer (linear
+attention, gated delta nets, KDA, Mamba-2) folds every token into one state, so its rewind
+replays the accepted prefix through that layer's mixer (target/recurrent.py). Layer kinds with
+no such rewind here (short-convolution-only layers, chunked attention) and models built
+without per-layer kinds (pure SSMs, RWKV, xLSTM) are refused before any weight loads, naming
+the kind.
 """
 
 from __future__ import annotations
@@ -20,10 +22,15 @@ from typing import Any
 import torch
 
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
-# Layer kinds whose state is folded into one recurrent value (transformers' names).
-RECURRENT_KINDS = ("linear_attention", "mamba", "conv", "hybrid", "hybrid_sliding")
-# Recurrent models whose configs list no layer kinds at all.
-RECURRENT_MODEL_TYPES = ("rwkv", "xlstm", "mamba", "mamba2", "falcon_mamba", "lfm2", "lfm2_moe", "recurrent_gemma")
+# Layer kinds with a recurrent state that target/recurrent.py rewinds (transformers' names):
+# "linear_attention" covers gated DeltaNet, KDA and Mamba-2 layers; "hybrid" is Falcon-H1's
+# attention and Mamba-2 side by side in one layer (full attention plus a recurrent mixer).
+RECURRENT_KINDS = ("linear_attention", "mamba", "hybrid")
+# Layers with neither attention nor a state (Nemotron-H's MLP and MoE blocks).
+STATELESS_KINDS = ("mlp", "moe")
+# Recurrent models whose configs list no layer kinds at all, and the kind of their layers.
+# (Pure Mamba and Mamba-2 models declare linear_attention layer_types and are served like hybrids.)
+RECURRENT_MODEL_TYPES = {"rwkv": "rwkv", "xlstm": "xlstm", "recurrent_gemma": "recurrent (RG-LRU)"}
 # Bidirectional encoders that transformers can also build as a "causal LM" head (BertLMHeadModel,
 # ...): every token attends to later ones in pretraining, and the layers are not a decoder's.
 ENCODER_MODEL_TYPES = ("bert", "bert-generation", "roberta", "roberta-prelayernorm", "xlm-roberta", "xlm-roberta-xl",
@@ -95,10 +102,21 @@ class AttentionLayout:
 
     windows: tuple[int | None, ...]
     layer_types: tuple[str, ...] | None
+    recurrent: tuple[bool, ...] = ()  # per layer: holds a recurrent state (empty: none does)
 
     @property
     def windowed(self) -> bool:
         return any(w is not None for w in self.windows)
+
+    @property
+    def hybrid(self) -> bool:
+        """Some layer keeps a recurrent state (its rewind is a replay, target/recurrent.py)."""
+        return any(self.recurrent)
+
+    @property
+    def attention_free(self) -> bool:
+        """No layer attends (a pure Mamba): its forward takes no attention mask at all."""
+        return self.layer_types is not None and all(t not in ATTENTION_KINDS + ("hybrid",) for t in self.layer_types)
 
     def mask_keys(self) -> dict[str, int | None]:
         """layer type -> its window, for the dict-of-masks form (only when the windows differ)."""
@@ -124,9 +142,12 @@ def attention_layout(config: Any, where: str = "target") -> AttentionLayout:
     if model_type in ENCODER_MODEL_TYPES:
         raise UnsupportedTargetError(f"{where}: {name} is a bidirectional encoder ({model_type}); speculative "
                                      "decoding here needs a decoder-only causal LM")
-    if model_type in RECURRENT_MODEL_TYPES or getattr(config, "model_type", "") in RECURRENT_MODEL_TYPES:
-        raise UnsupportedTargetError(f"{where}: {name} keeps a recurrent state that cannot be rewound when a draft "
-                                     "token is rejected, so it cannot be served exactly")
+    pure = RECURRENT_MODEL_TYPES.get(model_type) or RECURRENT_MODEL_TYPES.get(getattr(config, "model_type", ""))
+    if pure:
+        raise UnsupportedTargetError(
+            f"{where}: {name} is a purely recurrent model (every layer of kind {pure}, no per-layer kinds in its "
+            "config); splitserve rewinds the recurrent layers of hybrid models that declare them in layer_types "
+            "(linear_attention, hybrid), so it is refused")
     n = int(tc.num_hidden_layers)
     types = getattr(tc, "layer_types", None)
     window = getattr(tc, "sliding_window", None)
@@ -137,20 +158,15 @@ def attention_layout(config: Any, where: str = "target") -> AttentionLayout:
             # Mistral, Phi-3, Qwen3-MoE: one optional window for every layer.
             return AttentionLayout(windows=(int(window) if window is not None else None,) * n, layer_types=None)
     types = list(types)
-    recurrent = [i for i, t in enumerate(types) if t in RECURRENT_KINDS]
-    if recurrent:
-        kinds = sorted({types[i] for i in recurrent})
-        raise UnsupportedTargetError(
-            f"{where}: {name} has {len(recurrent)} of {n} layers with a recurrent state ({', '.join(kinds)}) that "
-            "cannot be rewound when a draft token is rejected, so it cannot be served exactly"
-        )
-    other = sorted({t for t in types if t not in ATTENTION_KINDS})
+    known = ATTENTION_KINDS + RECURRENT_KINDS + STATELESS_KINDS
+    other = sorted({t for t in types if t not in known})
     if other:
         raise UnsupportedTargetError(f"{where}: {name} has layers of kind {', '.join(other)}; splitserve serves "
-                                     f"{' and '.join(ATTENTION_KINDS)} layers only")
+                                     f"layers of kind {', '.join(known)}")
     if len(types) != n:
         raise UnsupportedTargetError(f"{where}: {name} lists {len(types)} layer_types for {n} layers")
     if "sliding_attention" in types and not window:
         raise UnsupportedTargetError(f"{where}: {name} has sliding_attention layers but no sliding_window")
     windows = tuple(int(window) if t == "sliding_attention" else None for t in types)
-    return AttentionLayout(windows=windows, layer_types=tuple(types))
+    recurrent = tuple(t in RECURRENT_KINDS for t in types)
+    return AttentionLayout(windows=windows, layer_types=tuple(types), recurrent=recurrent if any(recurrent) else ())

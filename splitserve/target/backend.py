@@ -82,15 +82,26 @@ class DecodingTarget(TargetWeights, Protocol):
 
     def forward_static(
         self, input_ids: torch.Tensor, cache: Any, positions: torch.Tensor, logits_from: int = 0,
-        window: int | None = None,
+        window: int | None = None, verify: bool = False,
     ) -> tuple[torch.Tensor, Capture]:
         """Static-shape forward: input_ids (1, T) written at `positions` (T,), a device tensor.
 
         Each token sees the cache below positions[0] and the new tokens up to itself, so a
         rejected draft is rewound by starting the next forward at a lower position. Attention
         reads only the first `window` slots (None: all); every position must be below it.
+        `verify`: the tokens are a trial; recurrent layers read their state without advancing
+        it, and `commit_static` commits the accepted prefix (attention-only targets: no effect).
         Returns logits (1, T - logits_from, V) and the capture (aux only) of all T positions.
         """
+
+    @property
+    def recurrent(self) -> bool:
+        """Some layer keeps a recurrent state: a verify forward needs `commit_static` after it."""
+
+    def commit_static(self, cache: Any, keep: int) -> None:
+        """After a `verify` forward, make its first `keep` tokens the recurrent layers' state
+        (target/recurrent.py); the cache's `reset()` starts a new sequence. No-op without
+        recurrent layers."""
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_ids: frozenset[int] = frozenset(),
                  streamer: Any = None, assistant: Any = None) -> torch.Tensor:

@@ -22,8 +22,9 @@ from splitserve.assets import resolve_target_path
 from splitserve.config import TargetConfig
 from splitserve.records import Capture, TargetInfo
 from splitserve.target import eos
-from splitserve.target.arch import LogitTransform, UnsupportedTargetError, attention_layout, text_config
+from splitserve.target.arch import ATTENTION_KINDS, LogitTransform, UnsupportedTargetError, attention_layout, text_config
 from splitserve.target.layers import check_layer_ids, default_layer_ids
+from splitserve.target.recurrent import MixerReplay, RecurrentStore, find_mixers, restore, snapshot
 from splitserve.target.static_cache import StaticKVCache, visible_mask
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,6 +69,9 @@ class HFTarget:
         layers = decoder_layers(self.decoder, info.num_layers, info.name)
         for layer_id in info.layer_ids:
             layers[layer_id].register_forward_hook(self._hook(layer_id))
+        # Hybrid targets: the recurrent layers' mixers, whose inputs a verify forward keeps for
+        # the replay that commits the accepted prefix (target/recurrent.py).
+        self.replay = MixerReplay(find_mixers(layers, self.layout.recurrent, info.name)) if self.layout.hybrid else None
 
     def _hook(self, layer_id: int):
         def save(_module, _inputs, output):
@@ -113,20 +117,58 @@ class HFTarget:
         mask instead, and a crop is exact."""
         from transformers import DynamicCache
 
-        return DynamicCache()
+        if not self.layout.hybrid:
+            return DynamicCache()
+        # A hybrid model needs its recurrent layers' cache layers, which the config gives; its
+        # attention layers keep every position, so a crop is exact (as above).
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+        cache = DynamicCache(config=self.config)
+        cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in cache.layers]
+        return cache
 
     @torch.no_grad()
     def forward_cached(
         self, input_ids: torch.Tensor, cache: Any, logits_from: int = 0
     ) -> tuple[torch.Tensor, Capture]:
-        """input_ids: (1, T) appended to cache -> logits (1, T - logits_from, V), aux (1, T, m*D)."""
-        out = self.decoder(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache})
+        """input_ids: (1, T) appended to cache -> logits (1, T - logits_from, V), aux (1, T, m*D).
+        A hybrid target keeps the recurrent states from before the forward and each mixer's
+        input, so `crop_cache` can replay the kept prefix."""
+        if self.replay is not None:  # the length is kept here: a pure SSM's cache has no attention layer to ask
+            cache.splitserve_undo = (snapshot(cache), input_ids.shape[1])
+            cache.splitserve_len = getattr(cache, "splitserve_len", 0) + input_ids.shape[1]
+            self.replay.recording = True
+        try:
+            out = self.decoder(input_ids=input_ids, use_cache=True, **{self._cache_kw: cache})
+        finally:
+            if self.replay is not None:
+                self.replay.recording = False
         return self._logits(out.last_hidden_state[:, logits_from:]), Capture(aux=self._take_aux(), final=None)
 
     def crop_cache(self, cache: Any, length: int) -> None:
-        excess = cache.get_seq_length() - length
-        if excess > 0:
-            cache.crop(-excess)
+        """Drop positions >= length. Attention layers drop their K/V entries; recurrent layers go
+        back to their state before the last forward and replay the part of it that is kept."""
+        if self.replay is None:
+            excess = cache.get_seq_length() - length
+            if excess > 0:
+                cache.crop(-excess)
+            return
+        from transformers.cache_utils import DynamicLayer
+
+        excess = cache.splitserve_len - length
+        if excess <= 0:
+            return
+        cache.splitserve_len = length
+        saved, last_len = cache.splitserve_undo
+        if excess > last_len:
+            raise ValueError(f"a hybrid target's cache rewinds within its last forward ({last_len} tokens), "
+                             f"not {excess}")
+        for layer in cache.layers:
+            if isinstance(layer, DynamicLayer):
+                DynamicLayer.crop(layer, -excess)
+        restore(saved)
+        if last_len - excess > 0:
+            self.replay.replay(cache, last_len - excess)
 
     @property
     def max_positions(self) -> int | None:
@@ -155,22 +197,42 @@ class HFTarget:
         impl = getattr(text_config(self.model.config), "_attn_implementation", "sdpa")
         if impl not in ("sdpa", "eager"):
             raise ValueError(f"static decoding needs attn_implementation 'sdpa' or 'eager' (a 4D mask), got {impl!r}")
-        return StaticKVCache(self.info.num_layers, max_len)
+        return StaticKVCache(self.info.num_layers, max_len, RecurrentStore() if self.layout.hybrid else None)
 
     @torch.no_grad()
     def forward_static(
         self, input_ids: torch.Tensor, cache: StaticKVCache, positions: torch.Tensor, logits_from: int = 0,
-        window: int | None = None,
+        window: int | None = None, verify: bool = False,
     ) -> tuple[torch.Tensor, Capture]:
         """input_ids: (1, T) written at `positions` (T,) of a static cache -> logits
         (1, T - logits_from, V) float32, aux (1, T, m*D). No host sync: positions and the mask
         are device tensors, every shape depends only on T and the window W (default: the whole
-        cache; every position must be below it)."""
+        cache; every position must be below it). `verify`: recurrent layers read their state
+        and keep it; `commit_static` then commits the accepted prefix."""
         cache.bind(positions, window)
-        out = self.decoder(input_ids=input_ids, position_ids=positions[None],
-                           attention_mask=self._static_masks(positions, cache.window), use_cache=True,
-                           **{self._cache_kw: cache})
+        trial = verify and self.replay is not None
+        if trial:
+            cache.recurrent.trial = self.replay.recording = True
+        try:
+            out = self.decoder(input_ids=input_ids, position_ids=positions[None],
+                               attention_mask=self._static_masks(positions, cache.window), use_cache=True,
+                               **{self._cache_kw: cache})
+        finally:
+            if trial:
+                cache.recurrent.trial = self.replay.recording = False
         return self._logits(out.last_hidden_state[:, logits_from:]), Capture(aux=self._take_aux(), final=None)
+
+    @property
+    def recurrent(self) -> bool:
+        return self.replay is not None
+
+    @torch.no_grad()
+    def commit_static(self, cache: StaticKVCache, keep: int) -> None:
+        """After a `verify` forward: its first `keep` tokens become the recurrent layers' state
+        (a replay through their mixers; fixed shapes for a given keep). Attention-only targets:
+        nothing to do, the masks of the next forward hide the rejected slots."""
+        if self.replay is not None:
+            self.replay.replay(cache, keep)
 
     def _static_masks(self, positions: torch.Tensor, width: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """The 4-D mask(s) over the first `width` cache slots: one (1, 1, T, W) mask when every
@@ -186,6 +248,12 @@ class HFTarget:
             return mask
 
         windows = set(self.layout.windows)
+        if self.layout.attention_free:  # a pure SSM: its forward takes no mask dict
+            return None
+        if self.layout.hybrid:  # recurrent layers take no mask (no padding): the model's dict form
+            masks: dict[str, torch.Tensor | None] = {"full_attention": one(None), "linear_attention": None}
+            masks.update({kind: one(w) for kind, w in self.layout.mask_keys().items() if kind in ATTENTION_KINDS})
+            return masks
         if len(windows) == 1:
             return one(windows.pop())
         return {kind: one(w) for kind, w in self.layout.mask_keys().items()}

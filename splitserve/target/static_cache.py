@@ -16,24 +16,45 @@ engine's, not the model's: a sliding-window layer's own window is applied by its
 (`visible_mask(..., sliding_window)`), over the same buffers.
 
 Duck-typed to the transformers cache protocol (`update(k, v, layer_idx, ...)`), so any HF
-decoder that calls `cache.update` inside its attention works unchanged.
+decoder that calls `cache.update` inside its attention works unchanged. A hybrid target's
+recurrent layers keep their conv windows and states in a `RecurrentStore` (target/recurrent.py),
+reached through the same cache object by the calls transformers' mixers make
+(`get_conv_state`, `update_recurrent_state`, ...).
 Glossary: T new tokens, L capacity (max_len), Hkv key/value heads, hd head dim.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from splitserve.target.recurrent import RecurrentStore
 
 
 class StaticKVCache:
     is_compileable = True  # read by some transformers code paths; the buffers never move
 
-    def __init__(self, num_layers: int, max_len: int):
+    def __init__(self, num_layers: int, max_len: int, recurrent: RecurrentStore | None = None):
         self.max_len = max_len
         self.keys: list[torch.Tensor | None] = [None] * num_layers  # each (1, Hkv, L, hd)
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self._positions: torch.Tensor | None = None
         self.window = max_len  # W: slots the next forward attends to
+        self.recurrent = recurrent  # the recurrent layers' states (hybrid targets), else None
+
+    def reset(self) -> None:
+        """Start a new sequence: recurrent states back to zero. K/V slots need nothing (every
+        slot at or above the new sequence's positions is masked until it is written)."""
+        if self.recurrent is not None:
+            self.recurrent.reset()
+
+    def __getattr__(self, name: str) -> Any:
+        # The recurrent layers' cache calls (get_conv_state, update_recurrent_state, ...) go to the store.
+        store = self.__dict__.get("recurrent")
+        if store is not None and name in RecurrentStore.CACHE_METHODS:
+            return getattr(store, name)
+        raise AttributeError(name)
 
     def bind(self, positions: torch.Tensor, window: int | None = None) -> None:
         """positions: (T,) long, where the next forward's T tokens are written, all < window."""

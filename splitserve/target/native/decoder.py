@@ -65,6 +65,9 @@ class NativeKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.cos, self.sin = rope
 
+    def reset(self) -> None:
+        """A new sequence needs nothing: slots at or above its positions stay masked until written."""
+
 
 class NativeDecoder:
     def __init__(self, layers: list[Layer], embed: torch.Tensor, final_norm: torch.Tensor, rotary: Any, *,

@@ -101,7 +101,8 @@ class NativeTarget:
     @torch.compiler.disable
     @torch.no_grad()
     def forward_static(self, input_ids: torch.Tensor, cache: NativeKVCache, positions: torch.Tensor,
-                       logits_from: int = 0, window: int | None = None) -> tuple[torch.Tensor, Capture]:
+                       logits_from: int = 0, window: int | None = None,
+                       verify: bool = False) -> tuple[torch.Tensor, Capture]:
         """input_ids (1, T) at positions (T,) -> logits (1, T - logits_from, V) float32, aux (1, T, m*D)."""
         window = cache.max_len if window is None else window
         if not 0 < window <= cache.max_len:
@@ -109,6 +110,13 @@ class NativeTarget:
         hidden, aux = self.native.forward(input_ids[0], positions, cache, window)  # (T, D), (T, m*D)
         logits = self.hf._logits(hidden[None, logits_from:])  # (1, T - logits_from, V)
         return logits, Capture(aux=aux[None], final=None)
+
+    @property
+    def recurrent(self) -> bool:
+        return False  # the native family is attention-only
+
+    def commit_static(self, cache: NativeKVCache, keep: int) -> None:
+        """Nothing to commit: the next forward's masks hide the rejected slots."""
 
 
 def target_reason(hf: HFTarget) -> str | None:
