@@ -61,6 +61,28 @@ def check_run_config(cfg) -> None:
             raise UserError(f"{key}={value}: must be at least {low}")
     if not cfg.train.lr > 0:
         raise UserError(f"train.lr={cfg.train.lr}: must be positive")
+    if cfg.target.layer_ids is None and cfg.target.num_capture_layers < 1:
+        raise UserError(f"target.num_capture_layers={cfg.target.num_capture_layers}: must be at least 1")
+
+
+def check_target_layers(target_cfg) -> None:
+    """The captured layers against the target's config.json alone (no weights are read): the
+    default rule can repeat a layer of a small target, and target.layer_ids can name one twice or
+    one the target lacks; a UserError names the layer count, the ids and the setting to change.
+    An unreadable or unservable config is refused here too, in load_target_config's words."""
+    from splitserve.errors import UserError
+    from splitserve.target.arch import text_config
+    from splitserve.target.hf import load_target_config
+    from splitserve.target.layers import check_layer_ids, default_layer_ids
+
+    num_layers = int(text_config(load_target_config(target_cfg)).num_hidden_layers)
+    if num_layers < 2:
+        raise UserError(f"target {target_cfg.path}: {num_layers} layer(s); capturing needs at least 2 "
+                        "(the last layer is never captured)")
+    if target_cfg.layer_ids is not None:
+        check_layer_ids(list(target_cfg.layer_ids), num_layers, from_rule=False)
+    else:
+        check_layer_ids(default_layer_ids(num_layers, target_cfg.num_capture_layers), num_layers, from_rule=True)
 
 
 def check_train_data(cfg) -> None:

@@ -112,6 +112,24 @@ def target_config_for(meta: DraftMeta, models: ModelsConfig) -> TargetConfig:
                         trust_remote_code=models.trust_remote_code)
 
 
+def check_draft_layers(meta: DraftMeta) -> None:
+    """Refuse, before any weight loads, a draft whose captured target layers repeat one (made by
+    a default rule that a small target could not fit): no server captures a layer twice, and the
+    target refuses such ids anyway. One line naming the draft, its ids and how to retrain it."""
+    from splitserve.errors import UserError
+    from splitserve.target.layers import max_default_layers, repeated
+
+    ids = list(meta.arch.target_layer_ids)
+    twice = repeated(ids)
+    if not twice:
+        return
+    n = meta.arch.target_num_layers
+    bound = f" with K <= {max_default_layers(n)} on its {n}-layer target" if n else ""
+    raise UserError(f"draft {meta.path} captures target layers {ids}, repeating layer(s) {twice}; each captured "
+                    f"layer must be distinct (a server captures each once): retrain it with "
+                    f"target.num_capture_layers=K{bound}, or target.layer_ids=[...] with distinct ids")
+
+
 def load_models(models: ModelsConfig, meta: DraftMeta | None = None, shared_weights_only: bool = False):
     """-> (target, DSparkDraft), both on the target's device and dtype, in eval mode. The draft is
     checked against the target's config.json before any target weight is read. `meta`: the
@@ -120,6 +138,7 @@ def load_models(models: ModelsConfig, meta: DraftMeta | None = None, shared_weig
     from splitserve.target import hf, shared_weights
 
     meta = meta or read_draft_meta(models.draft)
+    check_draft_layers(meta)
     tcfg = target_config_for(meta, models)
     if shared_weights_only:
         target = shared_weights.SharedWeightsTarget(tcfg)

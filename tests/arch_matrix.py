@@ -330,11 +330,15 @@ def check_refused(arch: str, work: Path) -> Row:
 
 
 def _windows(target) -> str:
-    """Per layer: full, sw<window>, or rec (a recurrent state: linear attention, Mamba-2)."""
-    ws, rec = target.layout.windows, target.layout.recurrent or (False,) * len(target.layout.windows)
+    """Per layer: full, sw<window>, rec (a recurrent state: linear attention, Mamba-2), rec+full
+    (Falcon-H1: both in one layer) or mlp (no mixer: Nemotron-H's MLP/MoE blocks)."""
+    layout = target.layout
+    ws, rec = layout.windows, layout.recurrent or (False,) * len(layout.windows)
     if not any(w is not None for w in ws) and not any(rec):
         return "full"
-    return " ".join("rec" if r else "full" if w is None else f"sw{w}" for w, r in zip(ws, rec))
+    kinds = layout.layer_types or ("",) * len(ws)
+    return " ".join("rec+full" if k == "hybrid" else "rec" if r else "mlp" if k in ("mlp", "moe")
+                    else "full" if w is None else f"sw{w}" for w, r, k in zip(ws, rec, kinds))
 
 
 def _transform(target) -> str:

@@ -168,3 +168,44 @@ def test_an_export_config_missing_an_architecture_key_is_refused(tiny_smol_dir, 
     (src / "config.json").write_text(json.dumps(config))
     msg = main_error("export", str(src), str(tmp_path / "out"), "--target", str(tiny_smol_dir))
     assert "lacks block_size" in msg
+
+
+def _no_weights(*a, **k):
+    raise AssertionError("target weights were loaded before the layer check")
+
+
+@pytest.mark.parametrize("command", ["train", "dump"])
+@pytest.mark.parametrize("layers, needles", [
+    # the default rule (num_capture_layers=5) on the 4-layer tiny target gives [1, 1, 1, 1, 1]
+    ([], ("target.num_capture_layers=5", "4-layer target", "[1, 1, 1, 1, 1]", "target.num_capture_layers=K with K <= 1",
+          "target.layer_ids=[...]")),
+    (["target.layer_ids=[0,2,2]"], ("target.layer_ids [0, 2, 2] repeat layer(s) [2] of a 4-layer target",)),
+])
+def test_repeated_captured_layers_are_one_line_before_any_weight_loads(tiny_smol_dir, tmp_path, monkeypatch, command,
+                                                                       layers, needles):
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _no_weights)
+    msg = main_error(command, f"target.path={tiny_smol_dir}", "target.name=tiny-smol", *layers,
+                     f"data.train_path={ROOT / 'data' / 'sample_chat.jsonl'}", "eval.enabled=false",
+                     f"run_dir={tmp_path / 'run'}", f"dump.out_dir={tmp_path / 'dump'}", "train.device=cpu")
+    assert msg.startswith(f"splitserve {command}: ")
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+    assert not (tmp_path / "dump").exists()
+
+
+def test_export_of_a_draft_with_repeated_layers_is_one_line(tiny_smol_dir, draft_dir, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    src = tmp_path / "draft"
+    shutil.copytree(draft_dir, src)
+    config = json.loads((src / "config.json").read_text())
+    config["target_layer_ids"] = [1, 1, 1]  # what a default rule gave a small target before it was refused
+    (src / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr("splitserve.target.shared_weights.read_shared_weights", _no_weights)
+    for fmt in ("sglang", "speculators", "hf"):
+        msg = main_error("export", str(src), str(tmp_path / fmt), "--format", fmt, "--target", str(tiny_smol_dir))
+        assert msg.startswith("splitserve export: draft ") and "[1, 1, 1]" in msg and "repeating layer(s) [1]" in msg
+        assert "target.num_capture_layers=K with K <= 1 on its 4-layer target" in msg and not (tmp_path / fmt).exists()

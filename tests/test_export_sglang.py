@@ -273,3 +273,16 @@ def test_sts_calibration_file(tmp_path):
     assert "SGLANG_RAGGED_VERIFY_MODE" not in launch_command(export_sglang(draft, tmp_path / "sg3", 6), "/t")
     no_conf = tiny_draft(target, block_size=4, markov_rank=8, enable_confidence_head=False)
     assert export_sglang(no_conf, tmp_path / "sg2", 6, calibration).sts_file is None
+
+
+def test_repeated_captured_layers_are_a_one_line_user_error(tmp_path):
+    from dataclasses import replace
+
+    from splitserve.errors import UserError
+
+    target = tiny_target(seed=1)
+    draft = tiny_draft(target)
+    draft.arch = replace(draft.arch, target_layer_ids=(1, 1, 4))  # as a small target's default rule gave
+    with pytest.raises(UserError, match=r"target_layer_ids \[1, 1, 4\] repeat a layer") as err:
+        export_sglang(draft, tmp_path / "out", target.info.num_layers)
+    assert "\n" not in str(err.value)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from splitserve.target.layers import check_layer_ids, default_layer_ids
+from splitserve.target.layers import check_layer_ids, default_layer_ids, max_default_layers
 
 PKG = Path(__file__).resolve().parents[1] / "splitserve"
 
@@ -23,6 +23,24 @@ def test_layer_ids_validation():
 
     with pytest.raises(UserError, match="target.layer_ids .* out of range"):
         check_layer_ids([1, 29], 30)
+
+
+def test_a_rule_that_repeats_a_layer_is_refused_naming_the_fix():
+    from splitserve.errors import UserError
+
+    assert default_layer_ids(4, 5) == [1, 1, 1, 1, 1]  # the rule itself is unchanged; its use is refused
+    assert [max_default_layers(n) for n in (2, 3, 4, 5, 6, 30, 36)] == [1, 2, 1, 2, 3, 27, 33]
+    with pytest.raises(UserError) as err:
+        check_layer_ids(default_layer_ids(4, 5), 4, from_rule=True)
+    msg = str(err.value)
+    assert "\n" not in msg and "4-layer target" in msg and "[1, 1, 1, 1, 1]" in msg
+    assert "target.num_capture_layers=K with K <= 1" in msg and "target.layer_ids=[...]" in msg
+    with pytest.raises(UserError, match=r"default capture rule gives layer ids \[1, 1, 1, 1, 1\]"):
+        check_layer_ids([1, 1, 1, 1, 1], 4)  # where the ids came from is inferred when not said
+    with pytest.raises(UserError, match=r"target.layer_ids \[0, 2, 2\] repeat layer\(s\) \[2\] of a 4-layer target"):
+        check_layer_ids([0, 2, 2], 4)
+    for n in (8, 30, 36, 64):  # wherever the rule fits, it still passes
+        check_layer_ids(default_layer_ids(n, 5), n, from_rule=True)
 
 
 def _imports(path: Path) -> set[str]:

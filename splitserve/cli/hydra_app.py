@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from splitserve.checks import check_run_config, check_train_data, user_error_types
+from splitserve.checks import check_run_config, check_target_layers, check_train_data, user_error_types
 from splitserve.config import conf_dir as config_conf_dir
 from splitserve.config import save_resolved
 
@@ -57,9 +57,12 @@ def hydra_app(command: str, argv: list[str]) -> None:
     def run(dcfg) -> None:
         cfg = to_run_config(dcfg)
         check_run_config(cfg)
+        # The target's config.json is read after the cheaper checks (a data file's rows for train)
+        # and before any rank, data loader or weight starts.
         if command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             from splitserve.split.runner import run_split
 
+            check_target_layers(cfg.target)
             if os.environ.get("RANK") == "0":
                 save_resolved(cfg, Path(cfg.run_dir))
             run_split(cfg)  # a torchrun job split into target and draft ranks
@@ -69,6 +72,7 @@ def hydra_app(command: str, argv: list[str]) -> None:
             from splitserve.train.loop import train
 
             check_train_data(cfg)
+            check_target_layers(cfg.target)
             result = train(cfg)  # writes config.yaml once the run directory is known to take it
             if cfg.eval.enabled and cfg.target.backend not in DECODING_BACKENDS:
                 # Held-out evaluation decodes, which only the transformers backend does.
@@ -79,6 +83,7 @@ def hydra_app(command: str, argv: list[str]) -> None:
         else:
             from splitserve.stream.dump_capture import run_dump
 
+            check_target_layers(cfg.target)
             save_resolved(cfg, Path(cfg.dump.out_dir))
             run_dump(cfg)
 

@@ -22,7 +22,8 @@ class TargetConfig:
     dtype: str = "float32"  # float32 | bfloat16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # Captured layers (HF indexing: hidden_states[l + 1] is the output of layer l).
-    # None means the default rule in target/layers.py with `num_capture_layers` layers.
+    # None means the default rule in target/layers.py with `num_capture_layers` layers. Every id
+    # must be distinct: a rule that repeats a layer of a small target is refused at start.
     layer_ids: list[int] | None = None
     num_capture_layers: int = 5
     # transformers backend, training and dump: pad each sample to its power-of-two length bucket

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from splitserve.errors import UserError
 from splitserve.models.dspark import DSparkDraft
 
 # Our DSparkDraft parameter (layer-local part) -> the checkpoint name. `layers.{i}.` is kept.
@@ -69,8 +70,9 @@ def ascending_layers(draft: DSparkDraft) -> tuple[list[int], torch.Tensor]:
     aux_hidden_state_layers loop of e.g. models/llama.py), so fc's m column blocks are permuted to
     ascending layer ids. -> (sorted ids, fc weight (D, m*D))."""
     ids = list(draft.arch.target_layer_ids)
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"target_layer_ids {ids} repeat a layer: a server captures each layer once")
+    if len(set(ids)) != len(ids):  # a user's draft, not a bug here: one line at the CLI
+        raise UserError(f"the draft's target_layer_ids {ids} repeat a layer: a server captures each layer once; "
+                        "retrain it with distinct target.layer_ids (or a smaller target.num_capture_layers)")
     order = sorted(range(len(ids)), key=ids.__getitem__)
     d = draft.arch.hidden_size
     w = draft.fc.weight.detach()  # (D, m*D)

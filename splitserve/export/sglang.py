@@ -28,6 +28,9 @@ Decisions, each forced by that source:
   dspark_components/dspark_planner.py DSparkVerifyPlanner then ignores
   --speculative-dspark-confidence-sts-path with a warning. An export with STS temperatures is
   launched with SGLANG_RAGGED_VERIFY_MODE=cap-accept, which builds the head and reads the file.
+- Hybrid targets (recurrent layers among attention ones): export/hybrid_serving.py picks the extra
+  server flags, or the one-line reason SGLang cannot serve the target (its model class lacks the
+  hidden-state capture hook DSPARK needs); the files are written either way.
 
 Glossary: D hidden, V vocab, m captured layers, r Markov rank, L draft layers, γ block size.
 """
@@ -37,10 +40,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
+from splitserve.export.hybrid_serving import serving_notes
 from splitserve.export.names import ascending_layers, served_weights
 from splitserve.models.dspark import DSparkDraft
 
@@ -63,11 +68,15 @@ FP32_REFUSED = (
 
 @dataclass(frozen=True)
 class SGLangExport:
-    """What `export_sglang` wrote: its block size γ and the STS file (None when not written)."""
+    """What `export_sglang` wrote: its block size γ, the STS file (None when not written), the
+    server flags its target needs and, where SGLang cannot serve that target, the one-line reason
+    (export/hybrid_serving.py)."""
 
     out_dir: Path
     block_size: int
     sts_file: Path | None
+    serve_flags: tuple[str, ...] = ()
+    refused: str | None = None
 
 
 def refuse_options(algorithm: str | None, keep_fp32: bool) -> None:
@@ -154,11 +163,21 @@ def export_sglang(
     target_num_layers: int,
     calibration: dict | None = None,
     max_position_embeddings: int = 32768,
+    target_config: Any = None,
 ) -> SGLangExport:
-    """Write config.json + model.safetensors (+ sts_calibration.json) for SGLang's DSPARK."""
+    """Write config.json + model.safetensors (+ sts_calibration.json) for SGLang's DSPARK.
+
+    `target_config` (the target's HF config) selects the extra server flags of a hybrid target, or
+    the reason SGLang cannot serve it; both are recorded under config.json's `splitserve` key (a
+    dense target records neither), and the files are written either way."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = sglang_config(draft, target_num_layers, max_position_embeddings)
+    flags, refused = serving_notes(target_config, "sglang") if target_config is not None else ([], None)
+    if flags:
+        cfg["splitserve"]["serve_flags"] = flags
+    if refused:
+        cfg["splitserve"]["serving_refused"] = refused
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file(sglang_weights(draft), str(out / "model.safetensors"), metadata={"format": "pt"})
     sts = None
@@ -168,17 +187,22 @@ def export_sglang(
         f = fits[0]
         sts.write_text(json.dumps(sts_calibration(f["temperatures"], (calibration or {}).get("source", ""),
                                                   f.get("rounds", 0)), indent=1))
-    return SGLangExport(out, draft.arch.block_size, sts)
+    return SGLangExport(out, draft.arch.block_size, sts, tuple(flags), refused)
 
 
 def launch_command(export: SGLangExport, target_path: str) -> str:
-    """The SGLang server command (flags from python/sglang/srt/arg_groups/fields/spec.py).
+    """The SGLang server command (flags from python/sglang/srt/arg_groups/fields/spec.py; a hybrid
+    target's from export/hybrid_serving.py). ValueError (one line) where SGLang cannot serve the
+    export's target.
 
     `target_path` is the directory SGLang opens (--model-path takes no splitserve alias)."""
+    if export.refused:
+        raise ValueError(export.refused)
     parts = ["python -m sglang.launch_server", f"--model-path {target_path}",
              "--speculative-algorithm DSPARK", f"--speculative-draft-model-path {export.out_dir}",
              f"--speculative-dspark-block-size {export.block_size}"]
     if export.sts_file is not None:
         parts.append(f"--speculative-dspark-confidence-sts-path {export.sts_file}")
         parts[0] = f"SGLANG_RAGGED_VERIFY_MODE={STS_VERIFY_MODE} {parts[0]}"
+    parts += export.serve_flags
     return " \\\n    ".join(parts)

@@ -18,6 +18,9 @@ What vLLM 0.33 reads from it (source of each key):
       num_speculative_tokens query rows per request (anchor + N-1 masks), so N must be γ.
   vllm/model_executor/models/qwen3_dspark.py Qwen3DSparkModel: a vanilla Markov head only
       (markov_w1, markov_w2) whatever markov_head_type says, and a float32 confidence head.
+Hybrid targets (recurrent layers among attention ones): export/hybrid_serving.py adds the extra
+`vllm serve` flags, or gives the one-line reason vLLM cannot serve the target (its model class
+lacks the SupportsEagle3 hidden-state capture dspark needs); the files are written either way.
 
 Glossary: D hidden, V vocab, m captured layers, r Markov rank, γ block size.
 """
@@ -27,10 +30,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
+from splitserve.export.hybrid_serving import serving_notes
 from splitserve.export.names import ascending_layers, served_weights
 from splitserve.models.dspark import DSparkDraft
 
@@ -49,6 +54,8 @@ class SpeculatorsExport:
     out_dir: Path
     block_size: int
     markov_head_type: str  # as served (rank-0 drafts: "vanilla")
+    serve_flags: tuple[str, ...] = ()  # what a hybrid target adds to `vllm serve` (export/hybrid_serving.py)
+    refused: str | None = None  # one line, where vLLM cannot serve a DSpark draft for the target
 
 
 def check_head_type(markov_rank: int, head: str) -> str:
@@ -138,17 +145,27 @@ def export_speculators(
     target_hidden_size: int,
     max_position_embeddings: int = 32768,
     dtype: torch.dtype = torch.bfloat16,
+    target_config: Any = None,
 ) -> SpeculatorsExport:
-    """Write config.json + model.safetensors in the speculators DSpark layout."""
+    """Write config.json + model.safetensors in the speculators DSpark layout.
+
+    `target_config` (the target's HF config) selects the extra `vllm serve` flags of a hybrid
+    target, or the reason vLLM cannot serve it; both are recorded under config.json's `splitserve`
+    key (a dense target records neither), and the files are written either way."""
     cfg = speculators_config(draft, verifier_path, verifier_architectures, target_hidden_size,
                              max_position_embeddings, dtype)
+    flags, refused = serving_notes(target_config, "speculators") if target_config is not None else ([], None)
+    if flags:
+        cfg["splitserve"]["serve_flags"] = flags
+    if refused:
+        cfg["splitserve"]["serving_refused"] = refused
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     weights = {k: v.to(torch.float32 if k.startswith(FP32_ALWAYS) else dtype).contiguous().cpu()
                for k, v in served_weights(draft).items()}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    return SpeculatorsExport(out, draft.arch.block_size, cfg["markov_head_type"])
+    return SpeculatorsExport(out, draft.arch.block_size, cfg["markov_head_type"], tuple(flags), refused)
 
 
 def vllm_command(export: SpeculatorsExport, target_path: str) -> str:
@@ -156,11 +173,15 @@ def vllm_command(export: SpeculatorsExport, target_path: str) -> str:
 
     `vllm serve DRAFT` alone (speculators' auto-detection, transformers_utils/config.py
     maybe_override_with_speculators) accepts only a hub id as the verifier, so the explicit
-    form is printed; num_speculative_tokens = γ (module docstring)."""
+    form is printed; num_speculative_tokens = γ (module docstring). A hybrid target's extra flags
+    follow it; ValueError (one line) where vLLM cannot serve the export."""
+    if export.refused:
+        raise ValueError(export.refused)
     if export.markov_head_type not in VLLM_HEAD_TYPES:
         raise ValueError(
             f"vLLM 0.33 cannot serve markov_head_type={export.markov_head_type!r}: its Qwen3 DSpark model "
             "(vllm/model_executor/models/qwen3_dspark.py DSparkMarkovHead) has the vanilla head only; "
             "serve this draft with SGLang (--format sglang)")
     spec = {"method": "dspark", "model": str(export.out_dir), "num_speculative_tokens": export.block_size}
-    return f"vllm serve {target_path} \\\n    --speculative-config '{json.dumps(spec)}'"
+    parts = [f"vllm serve {target_path}", f"--speculative-config '{json.dumps(spec)}'", *export.serve_flags]
+    return " \\\n    ".join(parts)

@@ -202,10 +202,13 @@ def _target_rank(
     cfg: RunConfig, roles: Roles, place: Placement, watchdog: Watchdog, chan_kw: dict, start: int, finished: int
 ) -> None:
     from splitserve.target import load_target
+    from splitserve.target.capture_check import check_capture_varies
     from splitserve.train.loop import build_source
 
     t_index = roles.target_ranks.index(place.rank)
     target = load_target(cfg.target, place.device)
+    if not cfg.data.dump_dir:  # the records it sends are its own captures
+        check_capture_varies(target)
     source = build_source(cfg, target, quiet=t_index != 0, store_dtype=WIRE_DTYPES[cfg.split.wire_dtype])
     n = _broadcast_ints([source.num_samples], roles.target_ranks[0])[0]
     spec = _spec(cfg, target.info)

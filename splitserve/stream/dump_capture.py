@@ -19,6 +19,7 @@ from splitserve.stream.dump_writer import DumpWriter
 from splitserve.stream.sources import TargetSource
 from splitserve.target.backend import CaptureTarget
 from splitserve.target.bucketed import use_capture_graphs
+from splitserve.target.capture_check import check_capture_varies
 
 
 def run_dump(cfg: RunConfig, target: CaptureTarget | None = None) -> Path:
@@ -26,6 +27,7 @@ def run_dump(cfg: RunConfig, target: CaptureTarget | None = None) -> Path:
     from splitserve.target import load_target
 
     target = target or load_target(cfg.target)
+    check_capture_varies(target)  # a dump of zeroed or input-blind states would train nothing
     path = resolve_train_path(cfg.data.train_path)
     samples, stats = load_samples(path, target.tokenizer, cfg.data.max_length, cfg.data.max_samples,
                                   load_options(cfg.data))

@@ -10,6 +10,8 @@ def default_layer_ids(num_layers: int, m: int = 5) -> list[int]:
 
     l_i = round(1 + i * (N - 4) / (m - 1)), i = 0..m-1; Qwen3-8B (N=36) gives [1, 9, 17, 25, 33].
     Halves round up (not Python's banker's rounding) so the rule is the same in every language.
+    On a small target the rule can give a layer twice (N=4: [1, 1, 1, 1, 1]); `check_layer_ids`
+    refuses that, and `max_default_layers` says how many it can spread without a repeat.
     """
     if m < 1:
         raise ValueError(f"need at least one captured layer, got m={m}")
@@ -22,7 +24,25 @@ def default_layer_ids(num_layers: int, m: int = 5) -> list[int]:
     return ids
 
 
-def check_layer_ids(layer_ids: list[int], num_layers: int) -> None:
+def max_default_layers(num_layers: int) -> int:
+    """The largest m for which the default rule gives m distinct layers of an N-layer target
+    (N - 3 from N = 5 on: the rule spreads over layers 1..N-3)."""
+    fits = [m for m in range(1, num_layers) if len(set(default_layer_ids(num_layers, m))) == m]
+    return max(fits, default=1)
+
+
+def repeated(layer_ids: list[int]) -> list[int]:
+    """The ids that occur more than once, ascending."""
+    return sorted({i for i in layer_ids if layer_ids.count(i) > 1})
+
+
+def check_layer_ids(layer_ids: list[int], num_layers: int, from_rule: bool | None = None) -> None:
+    """Refuse captured layers a target cannot give: none, one out of range, or one twice (a
+    repeat adds no information, and SGLang and vLLM capture each layer once).
+
+    `from_rule`: the ids are the default rule's (target.layer_ids unset), which the message then
+    names with target.num_capture_layers; None: taken to be so when they equal what the rule
+    gives for that many layers (callers that do not know where the ids came from)."""
     from splitserve.errors import UserError  # target.layer_ids is the user's setting
 
     if not layer_ids:
@@ -33,3 +53,17 @@ def check_layer_ids(layer_ids: list[int], num_layers: int) -> None:
             f"target.layer_ids {bad} out of range for a {num_layers}-layer target "
             f"(valid: 0..{num_layers - 2}; the last layer is never captured)"
         )
+    twice = repeated(list(layer_ids))
+    if not twice:
+        return
+    ids, m = list(layer_ids), len(layer_ids)
+    if from_rule is None:
+        from_rule = ids == default_layer_ids(num_layers, m)
+    fix = (f"set target.num_capture_layers=K with K <= {max_default_layers(num_layers)}, or "
+           f"target.layer_ids=[...] with distinct ids in 0..{num_layers - 2}")
+    if from_rule:
+        raise UserError(
+            f"target.num_capture_layers={m} does not fit a {num_layers}-layer target: the default capture rule "
+            f"gives layer ids {ids}, repeating layer(s) {twice}; {fix}"
+        )
+    raise UserError(f"target.layer_ids {ids} repeat layer(s) {twice} of a {num_layers}-layer target; {fix}")

@@ -21,6 +21,7 @@ from splitserve.models.build import build_draft, resolve_arch
 from splitserve.models.run_files import check_arch, save_arch
 from splitserve.stream.sources import DataOrder, DumpSource, RecordSource, TargetSource
 from splitserve.target.backend import CaptureTarget, TargetWeights
+from splitserve.target.capture_check import check_capture_varies
 from splitserve.train.backends import make_backend
 from splitserve.train.checkpoint import TrainState, resume_checkpoint, save_checkpoint
 from splitserve.train.partition import Partition
@@ -153,6 +154,8 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     device = pick_device(cfg.train.device)
     target = target or load_target(cfg.target, device)
+    if source is None and not cfg.data.dump_dir:  # the records will come from this target's capture
+        check_capture_varies(target)
     torch.manual_seed(cfg.train.seed)
     arch = resolve_arch(cfg.draft, target.info, target.config, target.tokenizer)
     check_arch(run_dir, arch)  # before anything in run_dir changes: a refusal leaves the run resumable
