@@ -75,3 +75,18 @@ def test_stand_in_builds_the_same_draft_as_the_full_target(tiny_smol_dir, monkey
     b = build_draft(arch_light, light)
     for k, v in a.state_dict().items():
         assert torch.equal(v, b.state_dict()[k]), k
+
+
+@pytest.mark.parametrize("arch", ["qwen3-next", "qwen3.5-moe", "kimi-linear", "ling", "nemotron-h", "falcon-h1",
+                                  "mamba2", "deepseek-v3", "gpt-oss"])
+def test_draft_ranks_read_a_hybrid_targets_two_tensors(arch, tmp_path, monkeypatch):
+    """A split job's draft ranks on a hybrid, recurrent, MLA or sink target read its embedding and
+    lm_head from the checkpoint alone, equal to the loaded model's."""
+    from arch_matrix import save_tiny
+
+    save_tiny(arch, tmp_path)
+    model = tf.AutoModelForCausalLM.from_pretrained(tmp_path)
+    monkeypatch.setattr(tf.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: 1 / 0)
+    embed, head = read_shared_weights(TargetConfig(name=arch, path=str(tmp_path), device="cpu", layer_ids=[0, 1, 2]))
+    assert torch.equal(embed, model.get_input_embeddings().weight)
+    assert torch.equal(head, model.get_output_embeddings().weight)
