@@ -48,7 +48,7 @@ def test_a_disagreeing_default_is_caught():
     import argparse
 
     flags = cli.Flags(argparse.ArgumentParser())
-    flags.add(ServerConfig, "port", "--port", type=int, default=9000)
+    flags.add(ServerConfig, "port", "--port", type=int, default=9000, help="TCP port")
     assert flags.build(ServerConfig, flags.parser.parse_args([])) != ServerConfig()
 
 

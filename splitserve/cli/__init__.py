@@ -8,7 +8,8 @@
     splitserve calibrate RUN_DIR          fit STS temperatures of the confidence head (calibration.json)
     splitserve report SWEEP_DIR           Markdown table and PNG plots over the runs of a sweep
     splitserve serve  --draft D [...]     OpenAI-compatible HTTP server (batch-1 speculative engine)
-    splitserve bench  --draft D [...]     batch-1 latency on synthetic prompts, optionally vs baselines
+    splitserve bench  --draft D [...]     batch-1 latency and τ on random or chat prompts, optionally vs AR
+    splitserve --version
 
 `train` and `dump` are Hydra apps over the package's `splitserve/conf/` (so `-m` multirun
 sweeps work; splitserve.config.compose gives the same RunConfig to scripts); the other commands
@@ -46,7 +47,17 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print("usage:\n" + USAGE)
         return
+    if argv[0] in ("-V", "--version"):
+        from splitserve import __version__
+
+        print(f"splitserve {__version__}")
+        return
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("train", "dump") and any(a in ("-h", "--help") for a in rest):
+        from splitserve.cli.train_help import train_help
+
+        print(train_help(cmd, conf_dir()))
+        return
     if cmd not in COMMANDS and cmd not in ("train", "dump"):
         sys.exit(f"splitserve: unknown command {cmd!r}\nusage:\n{USAGE}")
     try:

@@ -8,23 +8,24 @@ import sys
 from pathlib import Path
 
 from splitserve.checks import check_prompts, draft_meta
-from splitserve.cli.flags import Flags, json_object
+from splitserve.cli.flags import Flags, json_object, new_parser
 
 
 def eval_parser() -> tuple[argparse.ArgumentParser, Flags]:
     from splitserve.config import EvalCommand, ModelsConfig
 
-    p = argparse.ArgumentParser(prog="splitserve eval", description="Measure a draft by speculative decoding.")
+    p = new_parser(prog="splitserve eval", description="Measure a draft by speculative decoding.")
     f = Flags(p)
     f.add(ModelsConfig, "draft", "--draft", required=True, help="run directory or exported draft directory")
     f.add(ModelsConfig, "target", "--target", help="target name or HF directory (default: the draft's own)")
     f.add(EvalCommand, "prompts", "--prompts", help="chat JSONL ({messages} or {prompt} lines)")
-    f.add(EvalCommand, "num_prompts", "--num-prompts", type=int)
-    f.add(EvalCommand, "max_new_tokens", "--max-new-tokens", type=int)
-    f.add(EvalCommand, "temperature", "--temperature", type=float)
-    f.add(EvalCommand, "seed", "--seed", type=int)
-    f.add(ModelsConfig, "device", "--device")
-    f.add(EvalCommand, "dtype", "--dtype")
+    f.add(EvalCommand, "num_prompts", "--num-prompts", type=int, help="held-out prompts to decode")
+    f.add(EvalCommand, "max_new_tokens", "--max-new-tokens", type=int, help="tokens generated per prompt")
+    f.add(EvalCommand, "temperature", "--temperature", type=float,
+          help="0: greedy (exactness against the target is checked); > 0: lossless speculative sampling")
+    f.add(EvalCommand, "seed", "--seed", type=int, help="sampling seed (T > 0)")
+    f.add(ModelsConfig, "device", "--device", help="auto (CUDA when available) | cpu | cuda[:N]")
+    f.add(EvalCommand, "dtype", "--dtype", help="float32 (exact comparisons) | bfloat16 | auto")
     f.add(EvalCommand, "compare_untrained", "--compare-untrained", action="store_true",
           help="also evaluate a freshly initialised draft")
     f.add(EvalCommand, "json", "--json", action="store_true", help="print the full report as JSON")
@@ -83,10 +84,10 @@ def _run_settings(run_dir: str) -> dict:
 def calibrate_parser() -> tuple[argparse.ArgumentParser, Flags]:
     from splitserve.config import CalibrateCommand, ModelsConfig
 
-    p = argparse.ArgumentParser(prog="splitserve calibrate",
+    p = new_parser(prog="splitserve calibrate",
                                 description="Fit per-position STS temperatures for a draft's confidence head.")
     f = Flags(p)
-    f.add(CalibrateCommand, "run_dir")
+    f.add(CalibrateCommand, "run_dir", help="the training run directory (its calibration.json is rewritten)")
     f.add(ModelsConfig, "target", "--target", help="target name or HF directory (default: the run's own)")
     f.add(CalibrateCommand, "prompts", "--prompts",
           help="held-out chat JSONL (default: the run's data.heldout_prompts)")
@@ -97,7 +98,7 @@ def calibrate_parser() -> tuple[argparse.ArgumentParser, Flags]:
           help="sampling temperature to calibrate at (repeatable; default: the run's eval temperature)")
     f.add(CalibrateCommand, "bins", "--bins", type=int,
           help="ECE bins (default: the run's eval.calibration_bins or 10)")
-    f.add(ModelsConfig, "device", "--device")
+    f.add(ModelsConfig, "device", "--device", help="auto (CUDA when available) | cpu | cuda[:N]")
     f.hub()
     return p, f
 
@@ -137,13 +138,13 @@ def calibrate_main(argv: list[str]) -> None:
 def report_parser() -> tuple[argparse.ArgumentParser, Flags]:
     from splitserve.config import ReportCommand
 
-    p = argparse.ArgumentParser(prog="splitserve report",
+    p = new_parser(prog="splitserve report",
                                 description="Summarise the runs of a sweep: report.md table and PNG plots.")
     f = Flags(p)
-    f.add(ReportCommand, "sweep_dir")
+    f.add(ReportCommand, "sweep_dir", help="a sweep directory (Hydra multirun output) holding one run per folder")
     f.add(ReportCommand, "wandb", "--wandb", action="store_true",
           help="also log the table and plots to wandb (offline by default)")
-    f.add(ReportCommand, "wandb_project", "--wandb-project")
+    f.add(ReportCommand, "wandb_project", "--wandb-project", help="wandb project of --wandb")
     return p, f
 
 

@@ -6,18 +6,18 @@ import argparse
 from pathlib import Path
 
 from splitserve.checks import check_export_dir, draft_meta
-from splitserve.cli.flags import Flags
+from splitserve.cli.flags import Flags, new_parser
 
 
 def export_parser() -> tuple[argparse.ArgumentParser, Flags]:
     from splitserve.config import ExportCommand, ModelsConfig
 
-    p = argparse.ArgumentParser(prog="splitserve export", description="Export a trained draft as an HF checkpoint "
+    p = new_parser(prog="splitserve export", description="Export a trained draft as an HF checkpoint "
                                 "(default), as the speculators checkpoint vLLM serves (--format speculators), "
                                 "or as the checkpoint SGLang's DSPARK loader reads (--format sglang).")
     f = Flags(p)
-    f.add(ExportCommand, "run_dir")
-    f.add(ExportCommand, "out_dir")
+    f.add(ExportCommand, "run_dir", help="a training run directory (its newest checkpoint) or an exported draft")
+    f.add(ExportCommand, "out_dir", help="where the checkpoint is written (refused if not empty, unless --force)")
     f.add(ModelsConfig, "target", "--target", help="target name or HF directory (default: the run's own)")
     f.add(ExportCommand, "format", "--format", choices=["hf", "speculators", "sglang"],
           help="checkpoint layout (default: hf; docs/deploy.md)")

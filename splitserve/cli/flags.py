@@ -8,6 +8,29 @@ import json
 from collections.abc import Callable
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's defaults formatter, minus the noise: a flag's help ends with "(default: X)"
+    unless it already names its default or has none worth showing (None, False, a flag that only
+    switches something on)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text.lower() or default in (None, False, argparse.SUPPRESS)
+                or isinstance(action, (argparse._StoreTrueAction, argparse._StoreConstAction))
+                or (not action.option_strings and action.nargs is None)):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        if shown == "" or shown == []:
+            return text
+        return f"{text} (default: {str(shown).replace('%', '%%')})"
+
+
+def new_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A command's parser: every flag's help shows its default (HelpFormatter)."""
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
+
+
 class Flags:
     """argparse flags bound to config dataclass fields (splitserve/config/): a flag's default
     is its field's, so each default is written once, and `build` turns the parsed namespace back
@@ -19,9 +42,12 @@ class Flags:
 
     def add(self, cls: type, name: str, *flags: str, group=None, convert: Callable | None = None, **kw) -> None:
         """Field `cls.name` as `flags` (none: a positional argument named as the field). `kw` as
-        argparse's; a `default` given here is one no field holds (e.g. from the environment)."""
+        argparse's, `help` required; a `default` given here is one no field holds (e.g. from the
+        environment)."""
         if name in self.bound and self.bound[name][0] is not cls:
             raise ValueError(f"{name} is bound to {self.bound[name][0].__name__} already")
+        if not kw.get("help"):
+            raise ValueError(f"{'/'.join(flags) or name}: every flag needs help text")
         where = group or self.parser
         self.bound[name] = (cls, convert)
         if not flags:
@@ -31,6 +57,12 @@ class Flags:
             default = field_default(cls, name)
             kw["default"] = list(default) if kw.get("action") == "append" and default is not None else default
         where.add_argument(*flags, dest=name, **kw)
+
+    def alias(self, name: str, *old: str, group=None) -> None:
+        """Earlier names of a bound flag: still parsed, never shown in --help."""
+        action = next(a for a in self.parser._actions if a.dest == name)
+        (group or self.parser).add_argument(*old, dest=name, type=action.type, default=argparse.SUPPRESS,
+                                            help=argparse.SUPPRESS)
 
     def build(self, cls: type, args: argparse.Namespace, **given):
         """The `cls` its flags describe; `given`: fields with no flag of their own."""

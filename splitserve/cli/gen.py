@@ -7,14 +7,13 @@ import argparse
 import os
 import sys
 
-from splitserve.cli.flags import Flags, json_object
+from splitserve.cli.flags import Flags, json_object, new_parser
 
 
 def gen_parser() -> tuple[argparse.ArgumentParser, Flags]:
     from splitserve.config import EndpointConfig, GenConfig, RemoteOptions
 
-    p = argparse.ArgumentParser(
-        prog="splitserve gen",
+    p = new_parser(prog="splitserve gen",
         description="Regenerate every assistant turn of a chat JSONL with the target itself (resumable).",
     )
     f = Flags(p)
@@ -25,9 +24,9 @@ def gen_parser() -> tuple[argparse.ArgumentParser, Flags]:
     f.add(GenConfig, "target_name", "--target-name", help="name recorded in each row (default: the directory's)")
     f.add(GenConfig, "max_new_tokens", "--max-new-tokens", type=int, help="per reply")
     f.add(GenConfig, "temperature", "--temperature", type=float, help="0: greedy")
-    f.add(GenConfig, "top_p", "--top-p", type=float)
+    f.add(GenConfig, "top_p", "--top-p", type=float, help="nucleus sampling mass (1: off)")
     f.add(GenConfig, "top_k", "--top-k", type=int, help="0: off")
-    f.add(GenConfig, "seed", "--seed", type=int)
+    f.add(GenConfig, "seed", "--seed", type=int, help="sampling seed")
     f.add(GenConfig, "batch_size", "--batch-size", type=int, help="conversations in flight (continuous) or per batch")
     f.add(GenConfig, "batching", "--batching", choices=("continuous", "static"),
           help="continuous: a finished conversation frees its slot at once; static: whole-batch turns "
@@ -35,8 +34,8 @@ def gen_parser() -> tuple[argparse.ArgumentParser, Flags]:
     f.add(GenConfig, "max_rows", "--max-rows", type=int, help="read only the first N input rows")
     f.add(GenConfig, "max_turns", "--max-turns", type=int, help="replies per conversation (default: every user turn)")
     f.add(GenConfig, "max_length", "--max-length", type=int, help="no reply to a prompt this many tokens long")
-    f.add(GenConfig, "device", "--device")
-    f.add(GenConfig, "dtype", "--dtype")
+    f.add(GenConfig, "device", "--device", help="auto (CUDA when available) | cpu | cuda[:N]")
+    f.add(GenConfig, "dtype", "--dtype", help="auto (bfloat16 on CUDA, float32 elsewhere) | float32 | bfloat16")
     f.add(GenConfig, "chat_template", "--chat-template", metavar="FILE",
           help="Jinja file replacing the target's chat template (in-process runs)")
     f.add(GenConfig, "chat_template_kwargs", "--chat-template-kwargs", type=json_object, metavar="JSON",

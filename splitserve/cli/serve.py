@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from splitserve.checks import draft_meta
-from splitserve.cli.flags import Flags
+from splitserve.cli.flags import Flags, new_parser
 
 
 def _models_args(f: Flags) -> None:
@@ -15,21 +15,23 @@ def _models_args(f: Flags) -> None:
     f.add(ModelsConfig, "draft", "--draft", required=True,
           help="exported draft directory (or a training run directory)")
     f.add(ModelsConfig, "target", "--target", help="target name or HF directory (default: the draft run's own)")
-    f.add(ModelsConfig, "device", "--device")
+    f.add(ModelsConfig, "device", "--device", help="auto (CUDA when available) | cpu | cuda[:N]")
     f.add(ModelsConfig, "dtype", "--dtype", help="auto (bfloat16 on CUDA, float32 elsewhere) | float32 | bfloat16")
     f.hub()
-    f.add(EngineConfig, "max_context", "--max-model-len", "--max-context", type=int,
-          help="prompt + generated tokens per request (vLLM's name; --max-context is the old one)")
+    f.add(EngineConfig, "max_context", "--max-model-len", type=int, metavar="N",
+          help="prompt + generated tokens per request, at most the target's max_position_embeddings")
+    f.alias("max_context", "--max-context")
     f.add(EngineConfig, "use_cuda_graphs", "--no-cuda-graphs", action="store_false",
           help="run the round eagerly on CUDA too")
-    f.add(EngineConfig, "verify_kernel", "--verify-kernel", choices=["auto", "torch"])
+    f.add(EngineConfig, "verify_kernel", "--verify-kernel", choices=["auto", "torch"],
+          help="auto: the fused Triton verification kernels where they run; torch: the PyTorch reference")
     f.add(EngineConfig, "compile_backend", "--compile", action="store_const", const="inductor",
           help="torch.compile the round and the AR step (inductor) before graph capture")
     f.add(EngineConfig, "verify_schedule", "--verify-schedule", choices=["static", "confidence"],
           help="confidence: verify only the prefix the draft's calibrated confidences pay for")
     f.add(EngineConfig, "min_window", "--min-window", type=int,
           help="attend to the first W cache slots only, W = min-window * 2^k covering the request "
-               "(one CUDA graph per W); 0: the whole --max-context every step")
+               "(one CUDA graph per W); 0: the whole --max-model-len every step")
     f.add(EngineConfig, "markov_topk", "--markov-topk", type=int,
           help="greedy rounds: run the Markov stage over each position's K best backbone candidates "
                "(output unchanged, τ may drop); 0: the exact stage over the whole vocab")
@@ -49,14 +51,15 @@ def _models_args(f: Flags) -> None:
 def serve_parser() -> tuple[argparse.ArgumentParser, Flags]:
     from splitserve.config import EngineConfig, ServerConfig
 
-    p = argparse.ArgumentParser(prog="splitserve serve", description="OpenAI-compatible speculative server "
+    p = new_parser(prog="splitserve serve", description="OpenAI-compatible speculative server "
                                 "(flags named as vLLM's where vLLM has one; docs/serving.md).")
     f = Flags(p)
     _models_args(f)
-    f.add(ServerConfig, "host", "--host", help="address to listen on (vLLM's default is every interface)")
-    f.add(ServerConfig, "port", "--port", type=int)
-    f.add(ServerConfig, "served_model_name", "--served-model-name", "--model-name",
+    f.add(ServerConfig, "host", "--host", help="address to listen on; 0.0.0.0 serves every interface")
+    f.add(ServerConfig, "port", "--port", type=int, help="TCP port")
+    f.add(ServerConfig, "served_model_name", "--served-model-name",
           help="model id in /v1/models and the only accepted 'model' (default: the target's name)")
+    f.alias("served_model_name", "--model-name")
     f.add(ServerConfig, "api_key", "--api-key", help="require 'Authorization: Bearer KEY' on /v1/* (401 otherwise)")
     f.add(ServerConfig, "chat_template", "--chat-template", metavar="FILE",
           help="Jinja chat template file used instead of the tokenizer's")
@@ -90,17 +93,18 @@ def serve_main(argv: list[str]) -> None:
 def bench_parser() -> tuple[argparse.ArgumentParser, Flags]:
     from splitserve.config import BenchConfig
 
-    p = argparse.ArgumentParser(prog="splitserve bench", description="Batch-1 latency on synthetic prompts.")
+    p = new_parser(prog="splitserve bench", description="Batch-1 latency and acceptance: random-token prompts of "
+                   "--input-len tokens, or chat prompts with --prompts; --baseline adds the AR engine.")
     f = Flags(p)
     _models_args(f)
-    f.add(BenchConfig, "input_len", "--input-len", type=int)
-    f.add(BenchConfig, "output_len", "--output-len", type=int)
-    f.add(BenchConfig, "num_requests", "--num-requests", type=int)
+    f.add(BenchConfig, "input_len", "--input-len", type=int, help="tokens per random prompt")
+    f.add(BenchConfig, "output_len", "--output-len", type=int, help="tokens generated per request")
+    f.add(BenchConfig, "num_requests", "--num-requests", type=int, help="requests measured, one at a time")
     f.add(BenchConfig, "prompts", "--prompts",
-          help="chat prompts (JSONL, or 'chitchat' for the held-out set) instead of synthetic ones; "
+          help="chat prompts (JSONL, or 'chitchat' for the held-out set) instead of random-token ones; "
                "replies stop at EOS or after --output-len tokens")
-    f.add(BenchConfig, "warmup", "--warmup", type=int)
-    f.add(BenchConfig, "seed", "--seed", type=int)
+    f.add(BenchConfig, "warmup", "--warmup", type=int, help="requests run first and not measured (graph capture)")
+    f.add(BenchConfig, "seed", "--seed", type=int, help="seed of the random prompts")
     f.add(BenchConfig, "baseline", "--baseline", action="store_true",
           help="also engine AR, transformers generate and assisted")
     f.add(BenchConfig, "assistant", "--assistant", help="same-tokenizer small causal LM for assisted generation")
