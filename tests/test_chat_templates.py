@@ -99,7 +99,7 @@ def test_unlocatable_rows_are_skipped_and_counted(tmp_path, smollm2_tokenizer):
     samples, stats = load_samples(path, smollm2_tokenizer, 64, opts=opts)
     assert [s.source for s in samples] == [f"{path}:1"]
     assert stats.skipped["unlocated"] == [f"{path}:2"]
-    assert f"1 unlocated skipped ({path}:2)" in stats.summary()
+    assert f"1 whose replies the chat template does not reproduce at {path}:2;" in stats.summary()
     with pytest.raises(DataError, match=r"rows\.jsonl:2: the chat template does not render messages\[1\]"):
         load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(chat=opts.chat, strict=True))
 

@@ -168,7 +168,7 @@ def test_empty_conversations_are_skipped_and_counted(tmp_path, smollm2_tokenizer
     assert (stats.rows, stats.samples, stats.skipped_empty) == (4, 1, 3)
     assert stats.tokens == len(samples[0].input_ids)
     assert stats.loss_tokens == sum(samples[0].loss_mask) == 2  # "hey" + <|im_end|>
-    assert "4 rows -> 1 samples, 3 empty skipped" in stats.summary()
+    assert "4 rows read, 1 used; skipped: 3 with no assistant reply to learn from;" in stats.summary()
 
 
 def test_long_sequences_are_truncated(tmp_path, smollm2_tokenizer):

@@ -32,7 +32,7 @@ def test_malformed_rows_among_good_ones_are_skipped_with_their_lines(tmp_path, s
     assert [s.source for s in samples] == [f"{path}:1", f"{path}:3", f"{path}:5"]
     assert stats.rows == 5 and stats.samples == 3
     assert stats.skipped["malformed"] == [f"{path}:2", f"{path}:4"]
-    assert f"5 rows -> 3 samples, 0 empty skipped, 2 malformed skipped ({path}:2, {path}:4)" in stats.summary()
+    assert f"5 rows read, 3 used; skipped: 2 malformed at {path}:2, {path}:4;" in stats.summary()
     assert f"{path}:2: malformed JSON" in capsys.readouterr().out
     with pytest.raises(DataError, match=r"mixed\.jsonl:2: malformed JSON"):
         load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(strict=True))
@@ -161,7 +161,7 @@ def test_train_check_lets_bad_rows_through_to_be_counted(tmp_path, smollm2_token
     samples, stats = load_samples(path, smollm2_tokenizer, 64)
     assert [s.source for s in samples] == [f"{path}:1", f"{path}:5"]
     assert stats.skipped["malformed"] == [f"{path}:2", f"{path}:3", f"{path}:4"]
-    assert f"3 malformed skipped ({path}:2, {path}:3, {path}:4)" in stats.summary()
+    assert f"3 malformed at {path}:2, {path}:3, {path}:4;" in stats.summary()
     with pytest.raises(DataError, match=r"d\.jsonl:2: malformed JSON \(Expecting"):
         _check(path, strict=True)
     for line, complaint in [("[1, 2]", r"d\.jsonl:2: expected a JSON object, got list"),
@@ -214,5 +214,5 @@ def test_train_cli_skips_a_malformed_line(tiny_smol_dir, tmp_path, monkeypatch, 
               "draft.markov_rank=4", "draft.block_size=4", "train.max_steps=1", "train.batch_size=2",
               "train.anchors_per_seq=4", "train.device=cpu", f"run_dir={tmp_path / 'run'}"])
     out = capsys.readouterr().out
-    assert f"4 rows -> 2 samples, 0 empty skipped, 2 malformed skipped ({path}:2, {path}:3)" in out
+    assert f"4 rows read, 2 used; skipped: 2 malformed at {path}:2, {path}:3;" in out
     assert (tmp_path / "run" / "checkpoints" / "latest").exists()

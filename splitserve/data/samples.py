@@ -28,6 +28,8 @@ from splitserve.data.rows import DataError, fingerprint, iter_raw_rows
 CACHE_VERSION = 1  # bump when the masks a given input yields change
 SHOWN_PER_REASON = 5  # row locations listed per skip reason in the summary
 REASONS = ("empty", "malformed", "unlocated")  # no trainable token | bad row | replies not found
+REASON_WORDS = {"empty": "with no assistant reply to learn from", "malformed": "malformed",
+                "unlocated": "whose replies the chat template does not reproduce"}
 
 
 @dataclass
@@ -56,15 +58,19 @@ class DataStats:
         self.skipped.setdefault(reason, []).append(where)
 
     def summary(self) -> str:
-        parts = [f"{self.rows} rows -> {self.samples} samples", f"{self.skipped_empty} empty skipped"]
-        for reason in REASONS[1:]:
+        """One line in words: rows read and used, each skip reason with its count (and where, for
+        the faulty ones), truncations and tokens."""
+        skipped = []
+        for reason in REASONS:
             where = self.skipped.get(reason, [])
             if where:
                 shown = ", ".join(where[:SHOWN_PER_REASON]) + (", ..." if len(where) > SHOWN_PER_REASON else "")
-                parts.append(f"{len(where)} {reason} skipped ({shown})")
-        parts.append(f"{self.truncated} truncated to max_length")
+                skipped.append(f"{len(where)} {REASON_WORDS[reason]}" + ("" if reason == "empty" else f" at {shown}"))
+        parts = [f"{self.rows} rows read, {self.samples} used"]
+        parts.append("skipped: " + "; ".join(skipped) if skipped else "none skipped")
+        parts.append(f"{self.truncated} cut to data.max_length")
         parts.append(f"{self.tokens:,} tokens ({self.loss_tokens:,} trained)" + (", from cache" if self.cached else ""))
-        return ", ".join(parts)
+        return "; ".join(parts)
 
 
 # --------------------------------------------------------------------------- tokenizing

@@ -13,6 +13,7 @@ from splitserve.config import RunConfig
 from splitserve.data import ChatTemplate, encode_prompt, load_options, read_prompts, resolve_prompts_path
 from splitserve.data.prompt_sets import needs_history
 from splitserve.evaluation.calibration import fit_report, format_fit
+from splitserve.evaluation.closing import closing_block
 from splitserve.evaluation.evaluate import EvalReport, evaluate, format_reports
 from splitserve.evaluation.plots import plot_acceptance
 from splitserve.models.build import build_draft
@@ -99,6 +100,7 @@ def evaluate_run(cfg: RunConfig, target: DecodingTarget, draft) -> dict[str, Eva
     (run_dir / "eval.md").write_text(header + table + "\n")
     plot_acceptance(reports, run_dir / "acceptance.png", f"{target.info.name}, γ={draft.arch.block_size}, held-out")
     print("\n" + header + table)
+    fits = []
     if calibrate:
         fits = [f for name, r in reports.items()
                 if name.startswith("trained") and "[" not in name and (f := fit_report(r, ev.calibration_bins))]
@@ -106,4 +108,5 @@ def evaluate_run(cfg: RunConfig, target: DecodingTarget, draft) -> dict[str, Eva
             write_calibration(run_dir, fits, ev.calibration_bins,
                               source=f"{len(prompts)} held-out prompts from {cfg.data.heldout_prompts}")
             print("\n".join(format_fit(f) for f in fits))
+    print(closing_block(cfg, draft.arch.block_size, calibrated=bool(fits)))
     return reports

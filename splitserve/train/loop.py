@@ -14,7 +14,6 @@ from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from splitserve.config import RunConfig, save_resolved
 from splitserve.models.build import build_draft, resolve_arch
@@ -25,6 +24,7 @@ from splitserve.target.capture_check import check_capture_varies
 from splitserve.train.backends import make_backend
 from splitserve.train.checkpoint import TrainState, resume_checkpoint, save_checkpoint
 from splitserve.train.partition import Partition
+from splitserve.train.progress import ProgressBar
 from splitserve.train.step import collate, draft_loss, plan_blocks, position_weight, row_generators
 
 
@@ -193,8 +193,8 @@ def train(
     logger = Logger(run_dir, cfg) if part.writer else None
     t_start, elapsed0 = time.time(), state.elapsed_s
     budget_s = cfg.train.max_minutes * 60 if cfg.train.max_minutes else math.inf
-    bar = tqdm(total=cfg.train.max_steps, initial=state.step, desc="train", unit="step",
-               disable=state.finished or not part.writer)
+    bar = ProgressBar(cfg.train.max_steps, state.step, budget_s, state.elapsed_s,
+                      disable=state.finished or not part.writer)
     window: list[dict] = []
     t_log = time.time()
     draft.train()
@@ -226,7 +226,7 @@ def train(
         state.tokens_seen += int(totals.tokens)
         state.positions_trained += int(totals.positions)
         window.append(totals.metrics(gnorm))
-        bar.update(1)
+        bar.advance(state.step, state.elapsed_s)
         if state.step % cfg.train.log_every == 0 or state.step == cfg.train.max_steps:
             avg = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
             avg.update(lr=backend.lr, tokens_seen=state.tokens_seen,
@@ -236,7 +236,7 @@ def train(
             t_log = time.time()
             if logger is not None:
                 logger.log(state.step, avg)
-            bar.set_postfix(loss=f"{avg['loss']:.3f}", alpha=f"{avg['alpha']:.3f}")
+            bar.show(loss=avg["loss"], accept=avg["alpha"])
             window = []
         if totals.out_of_time or state.step >= cfg.train.max_steps:
             state.finished = True
@@ -245,6 +245,11 @@ def train(
     bar.close()
     if logger is not None:
         logger.close()
-        print(f"[train] done: {state.step} steps, {state.tokens_seen:,} target tokens, "
-              f"{state.positions_trained:,} block positions, {state.elapsed_s / 60:.1f} min")
+        why = ""
+        if state.step < cfg.train.max_steps and state.elapsed_s - elapsed0 >= budget_s:
+            why = (f" (the {cfg.train.max_minutes:g}-minute budget, train.max_minutes, ran out before "
+                   f"train.max_steps={cfg.train.max_steps})")
+        print(f"[train] done: {state.step} steps{why}, {state.tokens_seen:,} target tokens, "
+              f"{state.positions_trained:,} block positions, {state.elapsed_s / 60:.1f} min; draft saved in "
+              f"{run_dir / 'checkpoints'}")
     return TrainResult(draft.eval(), state, target)
