@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> None:
         print("usage:\n" + USAGE)
         return
     if argv[0] in ("-V", "--version"):
-        from splitserve import __version__
+        from importlib.metadata import version
 
-        print(f"splitserve {__version__}")
+        print(f"splitserve {version('splitserve')}")
         return
     cmd, rest = argv[0], argv[1:]
     if cmd in ("train", "dump") and any(a in ("-h", "--help") for a in rest):
