@@ -64,6 +64,8 @@ class MixerReplay:
 
     def __init__(self, mixers: dict[int, nn.Module]):
         self.mixers = mixers
+        # the keyword each mixer takes its cache by, read once (not on every replay)
+        self._cache_kw = {i: "cache_params" if "cache_params" in _params(mod) else "cache" for i, mod in mixers.items()}
         self.recording = False
         self.inputs: dict[int, torch.Tensor] = {}  # layer -> (1, T, D), the last recorded forward's
         self._kwargs: dict[int, dict[str, Any]] = {}
@@ -94,8 +96,7 @@ class MixerReplay:
             raise RuntimeError("no recorded forward to replay")
         for i, mod in self.mixers.items():
             hidden = self.inputs[i][:, :keep]  # (1, keep, D)
-            cache_kw = "cache_params" if "cache_params" in _params(mod) else "cache"
-            mod(hidden_states=hidden, attention_mask=None, **{cache_kw: cache}, **self._kwargs.get(i, {}))
+            mod(hidden_states=hidden, attention_mask=None, **{self._cache_kw[i]: cache}, **self._kwargs.get(i, {}))
 
 
 def _params(mod: nn.Module) -> tuple[str, ...]:
