@@ -5,6 +5,7 @@ an uninterrupted one, and bad input is reported by file:line."""
 import json
 
 import pytest
+import torch
 from tiny import GEN_ROWS as ROWS
 from tiny import save_sharp_smol
 
@@ -239,3 +240,15 @@ def test_chat_template_file_and_kwargs_reach_every_prompt(sharp_smol, chat_file,
     assert all(c.template == QWEN3_STYLE and c.kwargs == kwargs for c in seen)
     gen = json.loads(out.read_text().splitlines()[0])["gen"]
     assert gen["chat_template"] == str(tmp_path / "q3.jinja") and gen["chat_template_kwargs"] == kwargs
+
+
+def test_cpu_paged_cache_holds_the_run_not_the_machine(tmp_path):
+    """On a CPU, transformers would size the paged cache from free RAM (most of the machine); gen
+    asks for batch_size conversations at their longest instead, and leaves a GPU's sizing alone."""
+    from splitserve.data.gen_continuous import cache_config
+
+    cfg = _cfg(tmp_path, tmp_path / "d.jsonl", tmp_path / "o.jsonl", batch_size=3, max_new_tokens=100, max_length=600)
+    cb = cache_config(cfg, torch.device("cpu"), page_size=256)
+    assert cb.num_blocks == 3 * 3 and cb.page_size == 256  # 700 tokens = 3 pages, for each of 3 conversations
+    assert cb.max_batch_tokens == 2100
+    assert cache_config(cfg, torch.device("cuda", 0)) is None

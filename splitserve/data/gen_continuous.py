@@ -8,6 +8,10 @@ it turns: up to `batch_size` conversations are in flight; when a reply comes bac
 conversation's next turn is queued, and when a conversation ends, the next one starts. Rows are
 handed to `on_row` the moment their conversation ends, so the caller writes them as they come.
 
+On a CPU the paged cache is sized to what the run can use (batch_size conversations of at most
+max_length + max_new_tokens tokens): left to itself, transformers sizes it from free device memory,
+which on a CPU is most of the machine's RAM. On a GPU its own sizing (a share of free memory) stays.
+
 Greedy rows equal the static path's (same prompts, same plain distribution; tested). Sampled
 rows are seeded once per run, not per row: which rows share a step depends on timing, so a
 sampled run is not reproducible row by row (`--batching static` is).
@@ -48,6 +52,19 @@ def to_reply(tokenizer: Any, ids: list[int], stop: set[int]) -> Reply:
     return Reply(toks, tokenizer.decode(toks, skip_special_tokens=True), finished=end is not None)
 
 
+def cache_config(cfg: GenConfig, device: torch.device, page_size: int = 256):
+    """A paged cache that holds every conversation in flight at its longest, on a CPU; None on a
+    GPU (transformers then takes a share of the free memory)."""
+    if torch.device(device).type != "cpu":
+        return None
+    from transformers import ContinuousBatchingConfig
+
+    longest = cfg.max_length + cfg.max_new_tokens
+    blocks = cfg.batch_size * -(-longest // page_size)
+    return ContinuousBatchingConfig(page_size=page_size, num_blocks=blocks,
+                                    max_batch_tokens=min(8192, cfg.batch_size * longest))
+
+
 class _Conversation:
     def __init__(self, source: Source, limit: int):
         self.source = source
@@ -75,7 +92,8 @@ def regenerate_continuous(model: Any, tokenizer: Any, sources: list[Source], cfg
     """Play every source's turns through one continuous-batching manager; `on_row` per conversation."""
     if cfg.temperature > 0:
         torch.manual_seed(cfg.seed)
-    manager = model.init_continuous_batching(generation_config=generation_config(cfg, tokenizer, stop))
+    manager = model.init_continuous_batching(generation_config=generation_config(cfg, tokenizer, stop),
+                                             continuous_batching_config=cache_config(cfg, model.device))
     manager.start()
     limit = cfg.max_turns if cfg.max_turns is not None else max((len(s.turns) for s in sources), default=0)
     waiting = iter(range(len(sources)))
