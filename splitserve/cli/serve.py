@@ -93,22 +93,43 @@ def serve_main(argv: list[str]) -> None:
 def bench_parser() -> tuple[argparse.ArgumentParser, Flags]:
     from splitserve.config import BenchConfig
 
-    p = new_parser(prog="splitserve bench", description="Batch-1 latency and acceptance: random-token prompts of "
-                   "--input-len tokens, or chat prompts with --prompts; --baseline adds the AR engine.")
+    p = new_parser(prog="splitserve bench", description=(
+        "Batch-1 latency and acceptance in sglang.bench_serving's shape: random prompts of exactly "
+        "--input-len tokens (or chat prompts with --prompts), greedy, --output-len tokens each with EOS "
+        "ignored, one request at a time. Reports accept length, acceptance by position, TTFT / TPOT / ITL "
+        "(mean, median, p99), output tok/s, request throughput and duration; --baseline adds the engine's "
+        "AR mode and the speedup over it (docs/serving.md)."))
     f = Flags(p)
     _models_args(f)
-    f.add(BenchConfig, "input_len", "--input-len", type=int, help="tokens per random prompt")
-    f.add(BenchConfig, "output_len", "--output-len", type=int, help="tokens generated per request")
+    f.add(BenchConfig, "random", "--random", action="store_true",
+          help="the random dataset (what runs without --prompts): prompts of exactly --input-len token ids, "
+               "drawn by --random-source from --seed; each body is decoded to text and re-encoded until the "
+               "ids are the text's own tokenization (cut, or topped up with random ids, at most 10 round "
+               "trips; a prompt that does not settle keeps its ids and is counted in the report), then the "
+               "tokenizer's special tokens are added as a server adds them")
+    f.add(BenchConfig, "random_source", "--random-source", metavar="SOURCE",
+          help="uniform: random non-special ids | sequential: consecutive ids from a random offset (vllm bench "
+               "serve's random, bench_serving's random-ids) | chitchat or a chat JSONL: first user turns "
+               "repeated to --input-len (bench_serving's random, which repeats ShareGPT turns)")
+    f.add(BenchConfig, "input_len", "--input-len", type=int, help="tokens per random prompt, special tokens included")
+    f.add(BenchConfig, "output_len", "--output-len", type=int,
+          help="tokens generated per request (random prompts: exactly, EOS ignored)")
     f.add(BenchConfig, "num_requests", "--num-requests", type=int, help="requests measured, one at a time")
+    f.add(BenchConfig, "max_concurrency", "--max-concurrency", type=int,
+          help="requests in flight; only 1 (the engine decodes one request at a time)")
     f.add(BenchConfig, "prompts", "--prompts",
-          help="chat prompts (JSONL, or 'chitchat' for the held-out set) instead of random-token ones; "
+          help="chat prompts (JSONL, or 'chitchat' for the held-out set) instead of random ones; "
                "replies stop at EOS or after --output-len tokens")
     f.add(BenchConfig, "warmup", "--warmup", type=int, help="requests run first and not measured (graph capture)")
-    f.add(BenchConfig, "seed", "--seed", type=int, help="seed of the random prompts")
+    f.add(BenchConfig, "seed", "--seed", type=int, help="seed of the random prompts (default: 0)")
     f.add(BenchConfig, "baseline", "--baseline", action="store_true",
-          help="also engine AR, transformers generate and assisted")
+          help="also run the engine's AR mode (no draft) on the same prompts; the table adds the speedup")
+    f.add(BenchConfig, "hf_baselines", "--hf-baselines", action="store_true",
+          help="also transformers generate, and assisted generation with --assistant (slow at long lengths)")
     f.add(BenchConfig, "assistant", "--assistant", help="same-tokenizer small causal LM for assisted generation")
-    f.add(BenchConfig, "json_out", "--json", help="write the report here")
+    f.add(BenchConfig, "result_file", "--result-file", metavar="FILE",
+          help="write the report as JSON to FILE and the table as Markdown beside it (FILE with .md)")
+    f.alias("result_file", "--json")
     return p, f
 
 

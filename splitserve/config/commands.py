@@ -99,19 +99,24 @@ class ServerConfig:
 
 @dataclass
 class BenchConfig:
-    """`splitserve bench`: batch 1, greedy. Synthetic random-token prompts of `input_len` tokens
-    with a fixed output length (EOS ignored), or, with `prompts`, chat prompts rendered with the
-    target's template that stop at EOS or after `output_len` tokens."""
+    """`splitserve bench`: batch 1, greedy. The random dataset (prompts of exactly `input_len`
+    token ids, `output_len` tokens each, EOS ignored: bench_serving's `--dataset-name random`
+    shape), or, with `prompts`, chat prompts rendered with the target's template that stop at
+    EOS or after `output_len` tokens."""
 
     input_len: int = 128
     output_len: int = 128
-    prompts: str | None = None  # chat prompt JSONL (or "chitchat": the held-out set); None: synthetic
+    random: bool = False  # name the random dataset (what runs without `prompts` anyway)
+    random_source: str = "uniform"  # uniform | sequential | a prompt set whose user turns are repeated
+    prompts: str | None = None  # chat prompt JSONL (or "chitchat": the held-out set); None: random
     num_requests: int = 10
+    max_concurrency: int = 1  # requests in flight: the engine serves one at a time, so only 1
     warmup: int = 1  # untimed requests first (CUDA graph capture, allocator, caches)
     seed: int = 0
-    baseline: bool = False  # also: engine AR mode, transformers generate, assisted generation
+    baseline: bool = False  # also the engine's AR mode on the same prompts
+    hf_baselines: bool = False  # also transformers generate and assisted generation
     assistant: str | None = None  # small same-tokenizer causal LM for transformers assisted generation
-    json_out: str | None = None
+    result_file: str | None = None  # the report as JSON, its table as Markdown beside it
 
 
 # --- the other commands (splitserve eval | export | calibrate | report | gen) ---

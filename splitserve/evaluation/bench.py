@@ -1,96 +1,44 @@
-"""`splitserve bench`: batch-1 latency of the serving engine.
+"""`splitserve bench`: batch-1 latency of the serving engine, in the public benchmark's shape.
 
-Random-token prompts of --input-len tokens, --output-len tokens each (EOS ignored, greedy),
---num-requests requests one after another; or, with --prompts, chat prompts in the target's
-template whose greedy replies stop at EOS or after --output-len tokens (the acceptance a trained
-draft earns lives on such prompts, not on random tokens). Per request: TTFT (start -> first token on the host)
-and TPOT (the remaining tokens' mean interval, TTFT excluded); over requests: mean / median /
-p99 and output tokens per second of wall time. With --baseline the same process also runs the
-engine's autoregressive mode (same static cache, one token per step), transformers `generate`,
-and transformers assisted generation when --assistant names a same-tokenizer small model.
+`splitserve bench --random --input-len 8192 --output-len 1024 --num-requests 1000
+--max-concurrency 1` is `sglang.bench_serving --dataset-name random --random-input-len 8192
+--random-output-len 1024 --random-range-ratio 1.0 --max-concurrency 1` run in process: every
+prompt exactly --input-len tokens (bench_dataset.py says how they are drawn), greedy, EOS ignored
+so every request produces --output-len tokens, one request at a time. With --prompts, chat
+prompts in the target's template whose greedy replies stop at EOS or after --output-len tokens
+(the acceptance a trained draft earns lives on such prompts, not on random tokens). The metrics
+(TTFT, TPOT, ITL, E2E, throughput, τ, acceptance by position) are defined in bench_report.py.
+--baseline also runs the engine's autoregressive mode (same static cache, one token per step,
+no draft) on the same prompts in the same process; --hf-baselines adds transformers `generate`
+and, with --assistant, transformers assisted generation.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict
 
 import torch
 from tqdm import tqdm
 
 from splitserve.config import BenchConfig, EngineConfig, ModelsConfig
+from splitserve.errors import UserError
+from splitserve.evaluation.bench_dataset import SEQUENTIAL, UNIFORM, random_prompts, synthetic_prompts  # noqa: F401
+from splitserve.evaluation.bench_report import (  # noqa: F401  (MethodResult, percentile: tests and bench/)
+    MethodResult,
+    RequestTiming,
+    format_table,
+    itls,
+    percentile,
+    result_dict,
+    summarize,
+    write_results,
+)
 from splitserve.speculative.engine import Engine, SamplingParams
 from splitserve.target.backend import DecodingTarget, require_decoding
-
-
-@dataclass
-class RequestTiming:
-    ttft_s: float
-    tpot_s: float | None
-    latency_s: float
-    output_tokens: int
-    accept_length: float | None = None  # this request's τ
-    rounds: int | None = None  # speculative rounds after the prefill
-
-
-@dataclass
-class MethodResult:
-    name: str
-    num_requests: int = 0
-    mean_tpot_ms: float | None = None
-    median_tpot_ms: float | None = None
-    p99_tpot_ms: float | None = None
-    mean_ttft_ms: float | None = None
-    median_ttft_ms: float | None = None
-    p99_ttft_ms: float | None = None
-    output_tok_s: float | None = None
-    # τ, speculative methods: committed tokens over rounds, pooled over all requests (as in
-    # `splitserve eval`; a mean of per-request τ would overweight short replies)
-    mean_accept_length: float | None = None
-    exact_vs_ar: int | None = None  # requests whose tokens equal the engine's AR output
-    note: str | None = None  # why a method was skipped
-    requests: list[RequestTiming] = field(default_factory=list)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between order statistics (numpy's default)."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def summarize(name: str, timings: list[RequestTiming]) -> MethodResult:
-    ms = 1000.0
-    tpots = [t.tpot_s * ms for t in timings if t.tpot_s is not None]
-    ttfts = [t.ttft_s * ms for t in timings]
-    res = MethodResult(name, num_requests=len(timings), requests=timings)
-    if tpots:
-        res.mean_tpot_ms, res.median_tpot_ms = statistics.fmean(tpots), statistics.median(tpots)
-        res.p99_tpot_ms = percentile(tpots, 99)
-    if ttfts:
-        res.mean_ttft_ms, res.median_ttft_ms = statistics.fmean(ttfts), statistics.median(ttfts)
-        res.p99_ttft_ms = percentile(ttfts, 99)
-    wall = sum(t.latency_s for t in timings)
-    res.output_tok_s = sum(t.output_tokens for t in timings) / wall if wall > 0 else None
-    spec = [t for t in timings if t.accept_length is not None and t.rounds]
-    if spec:
-        res.mean_accept_length = sum(t.accept_length * t.rounds for t in spec) / sum(t.rounds for t in spec)
-    return res
-
-
-def synthetic_prompts(vocab_size: int, num: int, length: int, seed: int, avoid: set[int]) -> list[list[int]]:
-    """Uniform random token ids, special tokens excluded (they would change the target's mode)."""
-    allowed = torch.tensor([i for i in range(vocab_size) if i not in avoid])
-    g = torch.Generator().manual_seed(seed)
-    return [allowed[torch.randint(len(allowed), (length,), generator=g)].tolist() for _ in range(num)]
-
 
 # ---- methods ------------------------------------------------------------------------------
 
@@ -106,10 +54,13 @@ def bench_engine(engine: Engine, prompts: list[list[int]], output_len: int, mode
         engine.generate(prompts[0], params, mode=mode)
     timings, outputs = [], []
     for ids in tqdm(prompts, desc=desc, unit="req", leave=False):
+        start = time.perf_counter()
         stats = engine.generate(ids, params, mode=mode)
+        spec = mode == "spec"
         timings.append(RequestTiming(stats.ttft_s, stats.tpot_s, stats.total_s, len(stats.tokens),
-                                     stats.accept_length if mode == "spec" else None,
-                                     len(stats.accepts) if mode == "spec" else None))
+                                     stats.accept_length if spec else None, len(stats.accepts) if spec else None,
+                                     itl_s=itls(stats.token_times), accepts=list(stats.accepts) if spec else [],
+                                     start_s=start, end_s=start + stats.total_s))
         outputs.append(stats.tokens)
     return timings, outputs
 
@@ -146,7 +97,8 @@ def bench_hf_generate(target: DecodingTarget, prompts: list[list[int]], output_l
         n = out.shape[1] - inp.shape[1]
         t = [x - start for x in clock.times]
         tpot = (t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else None
-        return RequestTiming(t[0] if t else end - start, tpot, end - start, n)
+        return RequestTiming(t[0] if t else end - start, tpot, end - start, n, itl_s=itls(t), start_s=start,
+                             end_s=end)
 
     for _ in range(warmup):
         one(prompts[0])
@@ -167,57 +119,114 @@ def load_assistant(path: str, target: DecodingTarget):
     return model, None
 
 
+# ---- checks before any model work ---------------------------------------------------------
+
+
+def check_config(cfg: BenchConfig) -> None:
+    """One-line refusals of settings no run can honour."""
+    if cfg.max_concurrency != 1:
+        raise UserError(f"--max-concurrency {cfg.max_concurrency}: the engine decodes one request at a time "
+                        f"(batch 1), so only --max-concurrency 1 is measured")
+    if cfg.prompts is not None and (cfg.random or cfg.random_source != UNIFORM):
+        flag = "--random" if cfg.random else f"--random-source {cfg.random_source}"
+        raise UserError(f"{flag} and --prompts {cfg.prompts} name two datasets: give one")
+    if cfg.random_source not in (UNIFORM, SEQUENTIAL):
+        from splitserve.data import resolve_prompts_path
+        from splitserve.data.rows import DataError
+
+        try:
+            resolve_prompts_path(cfg.random_source)  # a prompt set whose turns are repeated
+        except DataError:
+            raise UserError(f"--random-source {cfg.random_source}: neither {UNIFORM}, {SEQUENTIAL}, chitchat nor an "
+                            f"existing prompt file") from None
+    for flag, value in (("--input-len", cfg.input_len), ("--output-len", cfg.output_len),
+                        ("--num-requests", cfg.num_requests)):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}")
+    if cfg.warmup < 0:
+        raise UserError(f"--warmup must be at least 0, got {cfg.warmup}")
+
+
+def check_context(what: str, need: int, limit: int | None) -> None:
+    """`need` tokens per request against the target's positions (None: no limit in its config)."""
+    if limit and need > limit:
+        raise UserError(f"{what} = {need} tokens per request, more than the target's context of {limit} tokens "
+                        f"(max_position_embeddings)")
+
+
+def _target_positions(models: ModelsConfig, meta) -> int | None:
+    """The target's max_position_embeddings from its config.json alone."""
+    from splitserve.loading import target_config_for
+    from splitserve.target.arch import text_config
+    from splitserve.target.hf import load_target_config
+
+    config = load_target_config(target_config_for(meta, models))
+    return getattr(text_config(config), "max_position_embeddings", None)
+
+
 # ---- the command --------------------------------------------------------------------------
 
 
-def format_table(results: dict[str, MethodResult]) -> str:
-    def f(x, fmt=".2f"):
-        return "-" if x is None else format(x, fmt)
-
-    ar = results.get("engine AR")
-    head = ("| method | requests | mean TPOT ms | median TPOT ms | p99 TPOT ms | mean TTFT ms | output tok/s "
-            "| τ | exact vs AR | speedup vs AR |")
-    rows = [head, "|" + "---|" * 10]
-    for r in results.values():
-        if r.note:
-            rows.append(f"| {r.name} | - | - | - | - | - | - | - | - | skipped: {r.note} |")
-            continue
-        speed = r.output_tok_s / ar.output_tok_s if ar and ar.output_tok_s and r.output_tok_s else None
-        exact = "-" if r.exact_vs_ar is None else f"{r.exact_vs_ar}/{r.num_requests}"
-        rows.append(f"| {r.name} | {r.num_requests} | {f(r.mean_tpot_ms)} | {f(r.median_tpot_ms)} | "
-                    f"{f(r.p99_tpot_ms)} | {f(r.mean_ttft_ms)} | {f(r.output_tok_s, '.1f')} | "
-                    f"{f(r.mean_accept_length, '.3f')} | {exact} | {f(speed, '.2f')} |")
-    return "\n".join(rows)
-
-
-def _prompts(cfg: BenchConfig, target: DecodingTarget, draft) -> tuple[list[list[int]], frozenset[int]]:
-    """-> (prompt token ids, EOS ids that end a reply; empty for fixed-length synthetic requests)."""
+def _dataset(cfg: BenchConfig, target: DecodingTarget, draft) -> tuple[list[list[int]], frozenset[int], dict]:
+    """-> (prompt ids, EOS ids that end a reply (empty: fixed-length requests), what they are)."""
+    tokenizer = getattr(target, "tokenizer", None)
     if cfg.prompts is not None:
         from splitserve.evaluation.heldout import load_prompt_ids
 
-        return load_prompt_ids(cfg.prompts, target.tokenizer, cfg.num_requests), target.eos_ids()  # as the server
-    avoid = set(getattr(target.tokenizer, "all_special_ids", None) or []) | {draft.arch.mask_token_id}
-    return synthetic_prompts(target.info.vocab_size, cfg.num_requests, cfg.input_len, cfg.seed, avoid), frozenset()
+        ids = load_prompt_ids(cfg.prompts, tokenizer, cfg.num_requests)
+        longest = max(map(len, ids))
+        check_context(f"the longest prompt of {cfg.prompts} ({longest} tokens) + --output-len {cfg.output_len}",
+                      longest + cfg.output_len, target.max_positions)
+        return ids, target.eos_ids(), {"name": "prompts", "path": cfg.prompts, "num_prompts": len(ids),
+                                       "mean_input_len": statistics.fmean(map(len, ids))}  # EOS as the server
+    avoid = {draft.arch.mask_token_id} if draft is not None else set()
+    rp = random_prompts(tokenizer, target.info.vocab_size, cfg.num_requests, cfg.input_len, cfg.seed,
+                        cfg.random_source, avoid)
+    return rp.ids, frozenset(), {"name": "random", "source": cfg.random_source, "input_len": cfg.input_len,
+                                 "output_len": cfg.output_len, "seed": cfg.seed, "re_tokenized": tokenizer is not None,
+                                 "special_tokens": rp.special_tokens, "unsettled": rp.unsettled}
+
+
+def _transformers_rows(cfg: BenchConfig, target: DecodingTarget, prompts, eos, n_in: int) -> dict[str, MethodResult]:
+    out = {"transformers generate": summarize("transformers generate", bench_hf_generate(
+        target, prompts, cfg.output_len, cfg.warmup, "generate", eos_ids=eos), input_tokens=n_in)}
+    name = "transformers assisted"
+    if cfg.assistant is None:
+        out[name] = MethodResult(name, note="no --assistant (a small causal LM with the target's tokenizer)")
+        return out
+    assistant, why = load_assistant(cfg.assistant, target)
+    if assistant is None:
+        out[name] = MethodResult(name, note=why)
+    else:
+        out[name] = summarize(name, bench_hf_generate(target, prompts, cfg.output_len, cfg.warmup, "assisted",
+                                                      assistant=assistant, eos_ids=eos), input_tokens=n_in)
+    return out
 
 
 def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, target: DecodingTarget | None = None,
               draft=None, meta=None) -> dict:
-    """Runs every method, prints the table, writes JSON when asked -> the report dict.
+    """Runs every method, prints the table, writes the result files when asked -> the report dict.
     `target` / `draft` may be passed in already loaded (tests); otherwise they are loaded
-    (`meta`: the draft's DraftMeta when the caller has read it)."""
-    from splitserve.loading import load_models
+    (`meta`: the draft's DraftMeta when the caller has read it). Settings that cannot run, and
+    random requests longer than the target's context, are refused before any weight is read."""
+    from splitserve.loading import load_models, read_draft_meta
 
-    if cfg.input_len < 1 or cfg.output_len < 1 or cfg.num_requests < 1:
-        raise ValueError("input_len, output_len and num_requests must be >= 1")
+    check_config(cfg)
+    random_need = ("--input-len {} + --output-len {}".format(cfg.input_len, cfg.output_len),
+                   cfg.input_len + cfg.output_len)
     if target is None:
+        meta = meta or read_draft_meta(models.draft)
+        if cfg.prompts is None:
+            check_context(*random_need, _target_positions(models, meta))
         target, draft = load_models(models, meta)
     require_decoding(target, "splitserve bench")
+    if cfg.prompts is None:
+        check_context(*random_need, target.max_positions)
     engine_cfg = copy.copy(engine_cfg)
-    prompts, eos = _prompts(cfg, target, draft)
+    prompts, eos, dataset = _dataset(cfg, target, draft)
     engine_cfg.max_context = max(engine_cfg.max_context, max(map(len, prompts)) + cfg.output_len)
     engine = Engine(target, draft, engine_cfg)
-    for ids in prompts:
-        engine.check_fits(len(ids), cfg.output_len)  # the target's position limit
+    n_in = sum(map(len, prompts))
 
     if cfg.prompts is not None and cfg.warmup:
         # Chat prompts differ in length: prefill each once, untimed, so that the first method
@@ -226,28 +235,25 @@ def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, 
             engine.generate(ids, SamplingParams(max_tokens=1), mode="ar")
     results: dict[str, MethodResult] = {}
     spec_t, spec_out = bench_engine(engine, prompts, cfg.output_len, "spec", cfg.warmup, "engine spec", eos)
-    results["engine spec"] = summarize("engine spec", spec_t)
+    results["engine spec"] = summarize("engine spec", spec_t, gamma=engine.gamma, input_tokens=n_in)
     if cfg.baseline:
         ar_t, ar_out = bench_engine(engine, prompts, cfg.output_len, "ar", cfg.warmup, "engine AR", eos)
-        results["engine AR"] = summarize("engine AR", ar_t)
+        results["engine AR"] = summarize("engine AR", ar_t, input_tokens=n_in)
         results["engine spec"].exact_vs_ar = sum(a == b for a, b in zip(spec_out, ar_out))
-        results["transformers generate"] = summarize(
-            "transformers generate",
-            bench_hf_generate(target, prompts, cfg.output_len, cfg.warmup, "generate", eos_ids=eos))
-        name = "transformers assisted"
-        if cfg.assistant is None:
-            results[name] = MethodResult(name, note="no --assistant (a small causal LM with the target's tokenizer)")
-        else:
-            assistant, why = load_assistant(cfg.assistant, target)
-            if assistant is None:
-                results[name] = MethodResult(name, note=why)
-            else:
-                results[name] = summarize(name, bench_hf_generate(target, prompts, cfg.output_len, cfg.warmup,
-                                                                  "assisted", assistant=assistant, eos_ids=eos))
+    if cfg.hf_baselines:
+        results.update(_transformers_rows(cfg, target, prompts, eos, n_in))
 
+    shape = (f"{cfg.num_requests} random prompts ({cfg.random_source}) x {cfg.input_len} tokens in, "
+             f"{cfg.output_len} out (EOS ignored)" if cfg.prompts is None else
+             f"{len(prompts)} chat prompts from {cfg.prompts} (mean {dataset['mean_input_len']:.0f} tokens), "
+             f"replies up to {cfg.output_len} tokens or EOS")
+    heading = (f"batch 1 (max concurrency 1), {shape}, greedy, target {target.info.name}, γ={engine.gamma}, "
+               f"{engine.device}")
+    table = format_table(results)
     report = {
         "config": asdict(cfg),
         "engine": asdict(engine_cfg),
+        "dataset": dataset,
         "target": target.info.name,
         "draft": models.draft,
         "block_size": engine.gamma,
@@ -256,15 +262,15 @@ def run_bench(models: ModelsConfig, engine_cfg: EngineConfig, cfg: BenchConfig, 
         "cuda_graphs": engine.graphs.enabled,
         "machine": platform.machine(),
         "torch": torch.__version__,
-        "results": {k: asdict(v) for k, v in results.items()},
+        "heading": heading,
+        "results": {k: result_dict(v) for k, v in results.items()},
+        "table": table,
     }
-    table = format_table(results)
-    shape = (f"{cfg.num_requests} requests x {cfg.input_len} in / {cfg.output_len} out" if cfg.prompts is None else
-             f"{len(prompts)} chat prompts from {cfg.prompts} (mean {statistics.fmean(map(len, prompts)):.0f} tokens), "
-             f"replies up to {cfg.output_len} tokens or EOS")
-    print(f"\nbatch 1, {shape}, greedy, target {target.info.name}, γ={engine.gamma}, {engine.device}\n\n{table}")
-    report["table"] = table
-    if cfg.json_out:
-        Path(cfg.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_out).write_text(json.dumps(report, indent=1))
+    print(f"\n{heading}\n\n{table}")
+    if dataset.get("unsettled"):
+        print(f"\n{dataset['unsettled']} random prompts' text does not re-encode to their ids exactly "
+              f"(their ids were used)")
+    if cfg.result_file:
+        paths = write_results(report, cfg.result_file, heading)
+        print(f"\nwrote {paths[0]} and {paths[1]}")
     return report
