@@ -42,9 +42,11 @@ class TargetConfig:
 
 @dataclass
 class DraftConfig:
-    """DSpark draft architecture. `markov_rank=0` is the DFlash-style baseline."""
+    """Draft architecture. `family` picks the kind of draft (models/families.py): dspark, dflash
+    (DSpark with markov_rank=0 and no confidence head: the baseline) or eagle3."""
 
     name: str = "dspark_b8"
+    family: str = "dspark"  # dspark | dflash | eagle3
     block_size: int = 8  # γ: draft positions per round (anchor + γ-1 masks -> γ draft tokens)
     num_layers: int = 5
     # None: copy the target's attention/MLP shapes (hidden size always equals the target's,
@@ -58,6 +60,13 @@ class DraftConfig:
     enable_confidence_head: bool = True
     mask_token_id: int | None = None  # None: pick an unused special token of the tokenizer
     rope_theta: float | None = None
+    # eagle3 only. Training-time test: unrolled draft steps per position, and the weight
+    # ttt_decay^j of step j's loss (speculators: 3 steps; SpecForge: 7 steps at 0.8).
+    ttt_steps: int = 3
+    ttt_decay: float = 0.8
+    # eagle3 only: the lm_head's vocabulary, the most frequent trained tokens of the training data
+    # (models/vocab_map.py); capped at the target's vocabulary.
+    draft_vocab_size: int = 32000
 
 
 @dataclass
@@ -95,13 +104,17 @@ class LossConfig:
     kind "paper" is the paper's recipe exactly. kind "prefix" is the acceptance-aware family:
     the same three terms with CE/TV position weights chosen by `weighting`, plus
     `acc_weight * L_acc`, L_acc = -E[tau]/γ (teacher-forced expected acceptance length).
+    kind "ttt" is EAGLE-3's training-time-test loss over unrolled draft steps (draft=eagle3
+    sets it): kl_weight * KL(target || draft) on the draft vocabulary, plus ce_weight * CE and
+    tv_weight * TV, step j weighted by draft.ttt_decay^j (train/losses.py).
     """
 
     name: str = "paper"
-    kind: str = "paper"  # paper | prefix
+    kind: str = "paper"  # paper | prefix | ttt
     ce_weight: float = 0.1
     tv_weight: float = 0.9
     conf_weight: float = 1.0
+    kl_weight: float = 0.0  # kind=ttt only: forward KL to the target's distribution
     # g in w_k = exp(-(k-1)/g). None: the value published for the block size (decay_for below).
     decay_gamma: float | None = None
     # kind=prefix only. CE/TV weights per slot k: decay = exp(-(k-1)/g); survival = P_{k-1};

@@ -1,11 +1,20 @@
-"""Resolve a DraftConfig against a concrete target into a DSparkArch, and build the draft."""
+"""Resolve a DraftConfig against a concrete target into its family's arch, and build the draft.
+
+Every draft family registers here with its resolver (models/families.py is the registry):
+    dspark   DSparkDraft with its Markov and confidence heads
+    dflash   the same class without them (markov_rank 0, no confidence head): the baseline
+    eagle3   Eagle3Draft (models/eagle3.py)
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from splitserve.config import DraftConfig
+from splitserve.errors import UserError
 from splitserve.models.dspark import DSparkArch, DSparkDraft
+from splitserve.models.eagle3 import Eagle3Arch, Eagle3Draft
+from splitserve.models.families import DraftFamily, get_family, model_class, register
 from splitserve.records import TargetInfo
 
 
@@ -31,11 +40,9 @@ def pick_mask_token(tokenizer: Any, vocab_size: int) -> int:
     return max(candidates) if candidates else vocab_size - 1
 
 
-def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None) -> DSparkArch:
-    """target_config: the target's HF config (a multimodal one is read through its text part),
-    for default attention/MLP shapes."""
-    if cfg.block_size < 1:
-        raise ValueError(f"draft.block_size must be >= 1, got {cfg.block_size}")
+def _target_shapes(cfg: DraftConfig, info: TargetInfo, target_config: Any) -> dict:
+    """The draft's attention/MLP shapes and norm/RoPE constants: the config's where set, else
+    the target's (a multimodal target config is read through its text part)."""
     if hasattr(target_config, "get_text_config"):
         target_config = target_config.get_text_config()
     # a target without attention (a pure Mamba) gives the draft 64-wide heads
@@ -46,16 +53,25 @@ def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokeniz
         params = getattr(target_config, "rope_parameters", None) or {}
         params = params.get("full_attention", params)  # Gemma-3: one set per layer type
         rope = params.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
-    return DSparkArch(
-        vocab_size=info.vocab_size,
-        hidden_size=info.hidden_size,
-        num_layers=cfg.num_layers,
+    return dict(
         num_heads=n_heads,
         num_kv_heads=cfg.num_kv_heads or getattr(target_config, "num_key_value_heads", n_heads),
         head_dim=head_dim,
         intermediate_size=cfg.intermediate_size or _dense_width(target_config),
         rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-6)),
         rope_theta=float(rope),
+    )
+
+
+def resolve_dspark(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None) -> DSparkArch:
+    """target_config: the target's HF config, for default attention/MLP shapes."""
+    if cfg.block_size < 1:
+        raise ValueError(f"draft.block_size must be >= 1, got {cfg.block_size}")
+    return DSparkArch(
+        vocab_size=info.vocab_size,
+        hidden_size=info.hidden_size,
+        num_layers=cfg.num_layers,
+        **_target_shapes(cfg, info, target_config),
         block_size=cfg.block_size,
         mask_token_id=(cfg.mask_token_id if cfg.mask_token_id is not None
                        else pick_mask_token(tokenizer, info.vocab_size)),
@@ -66,6 +82,39 @@ def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokeniz
         target_name=info.name,
         target_num_layers=info.num_layers,
     )
+
+
+def resolve_dflash(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None) -> DSparkArch:
+    """DSpark's resolver for a draft without heads; a head asked for is refused, not dropped."""
+    if cfg.markov_rank or cfg.enable_confidence_head:
+        raise UserError(f"draft.family=dflash has no Markov or confidence head (draft.markov_rank={cfg.markov_rank}, "
+                        f"draft.enable_confidence_head={cfg.enable_confidence_head}): set them to 0 and false, or "
+                        "use draft.family=dspark")
+    return resolve_dspark(cfg, info, target_config, tokenizer)
+
+
+def resolve_eagle3(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None) -> Eagle3Arch:
+    """EAGLE-3 over the target's captured layers (three in its recipe, any number accepted)."""
+    if cfg.ttt_steps < 1:
+        raise UserError(f"draft.ttt_steps={cfg.ttt_steps}: must be at least 1")
+    if cfg.draft_vocab_size < 1:
+        raise UserError(f"draft.draft_vocab_size={cfg.draft_vocab_size}: must be at least 1")
+    return Eagle3Arch(
+        vocab_size=info.vocab_size,
+        hidden_size=info.hidden_size,
+        num_layers=cfg.num_layers,
+        **_target_shapes(cfg, info, target_config),
+        target_layer_ids=tuple(info.layer_ids),
+        draft_vocab_size=min(cfg.draft_vocab_size, info.vocab_size),
+        ttt_steps=cfg.ttt_steps,
+        target_name=info.name,
+        target_num_layers=info.num_layers,
+    )
+
+
+def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None):
+    """The arch of cfg.family for this target (an unknown family: one-line UserError)."""
+    return get_family(cfg.family).resolve(cfg, info, target_config, tokenizer)
 
 
 def _dense_width(target_config) -> int:
@@ -79,8 +128,9 @@ def _dense_width(target_config) -> int:
     return 4 * int(target_config.hidden_size)
 
 
-def check_compatible(arch: DSparkArch, info: TargetInfo, where: str = "draft") -> None:
-    """Refuse a draft made for another target, before any compute, naming every difference."""
+def check_compatible(arch, info: TargetInfo, where: str = "draft") -> None:
+    """Refuse a draft (any family's arch) made for another target, before any compute, naming
+    every difference."""
     diffs = []
     if arch.vocab_size != info.vocab_size:
         diffs.append(f"vocab size {arch.vocab_size} vs target {info.vocab_size}")
@@ -100,12 +150,26 @@ def check_compatible(arch: DSparkArch, info: TargetInfo, where: str = "draft") -
         )
 
 
-def build_draft(arch: DSparkArch, target) -> DSparkDraft:
-    """A fresh draft with the target's embedding and lm_head copied in (frozen), and the
-    target's logit transform (soft-capping, scaling; None: raw lm_head logits), which training
-    applies to the target's distribution it distils from."""
+def build_draft(arch, target):
+    """A fresh draft of the arch's family with the target's embedding and lm_head copied in
+    (frozen), and the target's logit transform (soft-capping, scaling; None: raw lm_head
+    logits), which training applies to the target's distribution it distils from."""
     check_compatible(arch, target.info)
-    draft = DSparkDraft(arch)
+    draft = model_class(arch)(arch)
     draft.load_shared(target.embed_weight(), target.lm_head_weight())
     draft.target_logit_transform = getattr(target, "logit_transform", None)
     return draft.to(target.device)
+
+
+def _describe_dspark(a: DSparkArch) -> str:
+    return f"{a.num_layers} layers, γ={a.block_size}, markov_rank={a.markov_rank}"
+
+
+def _describe_eagle3(a: Eagle3Arch) -> str:
+    return (f"EAGLE-3, {a.num_layers} layer(s), {a.ttt_steps} training-time-test steps, "
+            f"draft vocabulary {a.draft_vocab_size:,} of {a.vocab_size:,}")
+
+
+register(DraftFamily("dspark", DSparkArch, DSparkDraft, resolve_dspark, _describe_dspark))
+register(DraftFamily("dflash", DSparkArch, DSparkDraft, resolve_dflash, _describe_dspark))
+register(DraftFamily("eagle3", Eagle3Arch, Eagle3Draft, resolve_eagle3, _describe_eagle3, serves=False))

@@ -1,6 +1,6 @@
 """A training run directory as a reader sees it: what the draft is, and its trained weights.
 
-    run_dir/draft_arch.json                          the draft's DSparkArch and its target's path
+    run_dir/draft_arch.json                          the draft's family, its arch and its target's path
     run_dir/checkpoints/step_0000100/draft.safetensors   trainable weights (shared ones: the target's)
     run_dir/checkpoints/latest                       name of the newest complete checkpoint
 train/checkpoint.py writes checkpoints (with optimizer state) and resumes from them; the loaders
@@ -31,22 +31,29 @@ class CheckpointMismatchError(CheckpointError):
 ARCH_FILE = "draft_arch.json"  # run_dir/draft_arch.json: the draft's shapes and its target
 
 
-def save_arch(run_dir: Path, arch, target_path: str) -> None:
-    """arch: the DSparkArch whose to_dict() is written."""
+def save_arch(run_dir: Path, arch, target_path: str, family: str = "dspark") -> None:
+    """arch: the family's arch dataclass, whose to_dict() is written (models/families.py)."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    (Path(run_dir) / ARCH_FILE).write_text(json.dumps({"arch": arch.to_dict(), "target_path": target_path}, indent=2))
+    meta = {"family": family, "arch": arch.to_dict(), "target_path": target_path}
+    (Path(run_dir) / ARCH_FILE).write_text(json.dumps(meta, indent=2))
 
 
-def check_arch(run_dir: Path, arch) -> None:
-    """Refuse to reuse a run directory whose draft_arch.json records another draft architecture
-    than `arch` (a DSparkArch), naming every field that differs. Reads only, so a refusal leaves
-    the run as it was. A missing or unreadable file is no refusal: resume then checks the
-    checkpoints' own weights against the draft."""
+def check_arch(run_dir: Path, arch, family: str = "dspark") -> None:
+    """Refuse to reuse a run directory whose draft_arch.json records another draft than `arch`
+    of `family`: another family with another arch, or any field that differs, each named. A
+    file without a family (written before families) is a DSpark draft's. Reads only, so a
+    refusal leaves the run as it was. A missing or unreadable file is no refusal: resume then
+    checks the checkpoints' own weights against the draft."""
     path = Path(run_dir) / ARCH_FILE
     if not path.exists():
         return
     try:  # through from_dict, so a field added since the run was made compares as its default
-        saved = type(arch).from_dict(json.loads(path.read_text())["arch"]).to_dict()
+        meta = json.loads(path.read_text())
+        saved_family = meta.get("family", "dspark")
+        if saved_family != family and set(meta["arch"]) != set(arch.to_dict()):
+            raise UserError(f"run_dir {run_dir} holds a {saved_family} draft, not a {family} one; "
+                            "use a new run_dir or the run's original draft config")
+        saved = type(arch).from_dict(meta["arch"]).to_dict()
     except (OSError, ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
         print(f"[train] {path} is unreadable ({exc}); checking the checkpoints against the draft instead")
         return
