@@ -1,7 +1,7 @@
 """Find and load a trained draft and its target: the one loader every command uses.
 
-    run dir:    draft_arch.json + checkpoints/latest -> trainable weights; shared weights are
-                copied from the target
+    run dir:    draft_arch.json (its family and arch) + checkpoints/latest -> trainable weights;
+                shared weights are copied from the target
     export dir: config.json (architectures = ["DSparkDraftModel"]) + model.safetensors
 The draft's metadata is read once per command (read_draft_meta -> DraftMeta, handed on to the
 loaders) and checked against the target's config before any weight is read, so a draft made for
@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 
 from splitserve.config import ModelsConfig, TargetConfig
 from splitserve.models.build import check_compatible
-from splitserve.models.dspark import DSparkArch, DSparkDraft
+from splitserve.errors import UserError
+from splitserve.models.families import get_family
 from splitserve.models.run_files import ARCH_FILE, CheckpointError, latest_checkpoint, load_weights
 from splitserve.speculative.calibration_file import load_calibration, temperatures_for
 from splitserve.target.backend import TargetWeights
@@ -30,16 +31,18 @@ class DraftMeta:
     """What a draft directory says about itself, read without its weights."""
 
     path: Path
-    arch: DSparkArch
+    arch: object  # the family's arch (models/families.py): a DSparkArch, an Eagle3Arch
     kind: str  # "run" (draft_arch.json + checkpoints) | "export" (config.json + model.safetensors)
     target_path: str | None  # the target a run trained against; None for an export
+    family: str = "dspark"  # draft.family
 
 
 def read_draft_meta(path: str | Path) -> DraftMeta:
     path = Path(path)
     if (path / ARCH_FILE).exists():
         meta = json.loads((path / ARCH_FILE).read_text())
-        return DraftMeta(path, DSparkArch.from_dict(meta["arch"]), "run", meta.get("target_path"))
+        family = get_family(meta.get("family", "dspark"))  # a file written before families: DSpark
+        return DraftMeta(path, family.arch.from_dict(meta["arch"]), "run", meta.get("target_path"), family.name)
     if (path / "config.json").exists():
         from splitserve.export.hf import ARCHITECTURE, DSparkConfig, required_config_keys
 
@@ -60,13 +63,13 @@ def _meta(draft: str | Path | DraftMeta) -> DraftMeta:
 
 
 def load_draft(draft: str | Path | DraftMeta, target: TargetWeights,
-               checkpoint: str | Path | None = None) -> DSparkDraft:
+               checkpoint: str | Path | None = None) -> torch.nn.Module:
     """`draft`: its directory, or its DraftMeta when already read. `checkpoint`: a run's
-    checkpoint directory to load instead of its latest."""
+    checkpoint directory to load instead of its latest. -> the family's model (DSparkDraft, ...)."""
     meta = _meta(draft)
     path = meta.path
     check_compatible(meta.arch, target.info, where=f"draft {path}")
-    model = DSparkDraft(meta.arch)
+    model = get_family(meta.family).model(meta.arch)
     if meta.kind == "run":
         ckpt = Path(checkpoint) if checkpoint is not None else latest_checkpoint(path)
         if ckpt is None:
@@ -116,7 +119,6 @@ def check_draft_layers(meta: DraftMeta) -> None:
     """Refuse, before any weight loads, a draft whose captured target layers repeat one (made by
     a default rule that a small target could not fit): no server captures a layer twice, and the
     target refuses such ids anyway. One line naming the draft, its ids and how to retrain it."""
-    from splitserve.errors import UserError
     from splitserve.target.layers import max_default_layers, repeated
 
     ids = list(meta.arch.target_layer_ids)
@@ -138,6 +140,9 @@ def load_models(models: ModelsConfig, meta: DraftMeta | None = None, shared_weig
     from splitserve.target import hf, shared_weights
 
     meta = meta or read_draft_meta(models.draft)
+    if not get_family(meta.family).serves:
+        raise UserError(f"draft {meta.path} is a draft.family={meta.family} draft: it trains and checkpoints, "
+                        "but evaluation, serving and exports do not draft with it yet")
     check_draft_layers(meta)
     tcfg = target_config_for(meta, models)
     if shared_weights_only:

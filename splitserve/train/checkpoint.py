@@ -69,7 +69,9 @@ def save_checkpoint(
     backend.save(tmp, part.writer)
     part.barrier()
     if part.writer:
-        weights = {k: v.detach().contiguous().cpu().float() for k, v in draft.trainable_state_dict().items()}
+        # float32 weights; integer and bool buffers (a draft vocabulary's d2t, t2d) as they are
+        weights = {k: (v.float() if v.is_floating_point() else v).detach().contiguous().cpu()
+                   for k, v in draft.trainable_state_dict().items()}
         save_file(weights, str(tmp / "draft.safetensors"))
         _write_json(tmp / "state.json", asdict(state))
         shutil.rmtree(final, ignore_errors=True)

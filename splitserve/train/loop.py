@@ -1,7 +1,9 @@
-"""`splitserve train`: distil a DSpark draft from a frozen target, then measure it.
+"""`splitserve train`: distil a draft from a frozen target, then measure it.
 
 Reads top to bottom like a recipe: target -> draft -> data -> optimiser -> resume -> steps ->
-checkpoint -> held-out evaluation -> summary.
+checkpoint -> held-out evaluation -> summary. The draft's family (draft.family) enters through
+two seams only: models/build.py resolves and builds its model, train/objectives.py turns a
+batch into its loss.
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ import torch
 
 from splitserve.config import RunConfig, save_resolved
 from splitserve.models.build import build_draft, resolve_arch
+from splitserve.models.families import get_family
 from splitserve.models.run_files import check_arch, save_arch
 from splitserve.stream.sources import DataOrder, DumpSource, RecordSource, TargetSource
 from splitserve.target.backend import CaptureTarget, TargetWeights
 from splitserve.target.capture_check import check_capture_varies
 from splitserve.train.backends import make_backend
 from splitserve.train.checkpoint import TrainState, resume_checkpoint, save_checkpoint
+from splitserve.train.objectives import objective_for
 from splitserve.train.partition import Partition
 from splitserve.train.progress import ProgressBar
-from splitserve.train.step import collate, draft_loss, plan_blocks, position_weight, row_generators
+from splitserve.train.step import collate, row_generators
 
 
 def build_source(cfg: RunConfig, target: CaptureTarget, quiet: bool = False, store_dtype: torch.dtype = torch.float32):
@@ -150,6 +154,7 @@ def train(
     from splitserve.target.hf import pick_device
 
     part = part or Partition()
+    objective = objective_for(cfg)  # an unknown family or a loss it cannot train: refused before anything loads
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = pick_device(cfg.train.device)
@@ -158,9 +163,12 @@ def train(
         check_capture_varies(target)
     torch.manual_seed(cfg.train.seed)
     arch = resolve_arch(cfg.draft, target.info, target.config, target.tokenizer)
-    check_arch(run_dir, arch)  # before anything in run_dir changes: a refusal leaves the run resumable
+    check_arch(run_dir, arch, cfg.draft.family)  # before anything in run_dir changes: a refusal leaves it resumable
     draft = build_draft(arch, target).float().to(device)
     source = source or build_source(cfg, target)
+    note = objective.prepare(draft, cfg, target, source)  # EAGLE-3: its vocabulary, from the data
+    if note and part.writer:
+        print(f"[train] {note}")
     order = DataOrder(source.num_samples, cfg.train.batch_size, cfg.train.seed)
     if cfg.train.batch_size % part.size:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} must be a multiple of the {part.size} draft ranks")
@@ -181,11 +189,11 @@ def train(
         if part.writer:
             print(f"[train] resumed from {ckpt} (step {state.step}{', finished' if state.finished else ''})")
     if part.writer:  # only now: a checkpoint of another draft shape has been refused, not overwritten
-        save_arch(run_dir, arch, cfg.target.path)
+        save_arch(run_dir, arch, cfg.target.path, cfg.draft.family)
         save_resolved(cfg, run_dir)
     n_train = sum(p.numel() for p in draft.parameters() if p.requires_grad)
     if part.writer:
-        print(f"[train] draft: {arch.num_layers} layers, γ={arch.block_size}, markov_rank={arch.markov_rank}, "
+        print(f"[train] draft: {get_family(cfg.draft.family).describe(arch)}, "
               f"{n_train / 1e6:.1f}M trainable params; target {target.info.name} layers {list(arch.target_layer_ids)}; "
               f"{cfg.train.backend} backend, {part.size} draft rank(s) x {len(micro)} micro-batch(es) "
               f"of {len(micro[0])}")
@@ -206,14 +214,13 @@ def train(
         planned = []
         for mb in micro:
             batch = collate([records[i] for i in mb], device, feed_dtype)
-            packed = plan_blocks(draft, batch, cfg.train.anchors_per_seq, [gens[i] for i in mb])
-            planned.append((batch, packed, float(position_weight(packed, cfg.loss))))
+            plan = objective.plan(draft, batch, [gens[i] for i in mb])
+            planned.append((batch, plan, objective.weight(plan)))
         weight_total = max(part.sum([sum(w for _, _, w in planned)])[0], 1e-8)
         totals = StepTotals()
-        for batch, packed, w in planned:
+        for batch, plan, w in planned:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                out, _ = draft_loss(backend.module, batch, cfg.train.anchors_per_seq, cfg.loss, None, packed=packed,
-                                    chunk_rows=cfg.train.loss_chunk_rows)
+                out = objective.loss(backend.module, batch, plan)
             share = w / weight_total
             backend.backward(out.total * share)
             totals.add(out, share, batch.num_tokens, len(batch.lengths))

@@ -16,6 +16,16 @@ The acceptance-aware "prefix" family (docs/losses.md) groups the rows of each bl
 and reweights CE/TV by P_{k-1} ("survival") or dE[tau]/d alpha_k ("gain") instead of w_k,
 and/or adds L_acc = -E[tau]/γ; its distance term may be -2 log alpha (LK losses' negative log
 acceptance) instead of TV, and P_k may be built from the greedy acceptance p_d(argmax p_t).
+
+The "ttt" kind is EAGLE-3's (models/eagle3.py): a row is step j of a training-time test at one
+position, its draft distribution p_d over the N draft-vocabulary tokens, p_t the target's over
+all V tokens and p~_t = p_t renormalised on the draft vocabulary:
+    L_kl = sum w_j * KL(p~_t || p_d)        / sum w      w_j = draft.ttt_decay^j
+    L_ce = sum w_j * -log p_d(x*)           over rows whose x* is a draft token
+    L_tv = sum w_j * ||p_d - p_t||_1        / sum w      (target mass off the draft vocabulary counts)
+    L = kl_weight L_kl + ce_weight L_ce + tv_weight L_tv
+alpha = 1 - ||p_d - p_t||_1 / 2 is then the chain's acceptance at step j, and E[tau] runs along
+each position's steps as along a block.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ class RowTerms:
     ce: torch.Tensor  # (P,) -log p_d(x*)
     tv: torch.Tensor  # (P,) ||p_d - p_t||_1 in [0, 2]
     mass: torch.Tensor | None = None  # (P,) p_d(argmax p_t), where asked for
+    kl: torch.Tensor | None = None  # (P,) KL(p~_t || p_d): ttt rows (ttt_row_terms)
 
 
 @dataclass
@@ -51,6 +62,8 @@ class LossInputs:
     # The row terms computed already (train/step.py computes them a chunk of rows at a time, so
     # the (P, V) logits never exist at once); then the logits above are not read.
     rows: RowTerms | None = None
+    # (P,) each row's weight where the caller sets it (ttt: draft.ttt_decay^j); None: the position decay
+    row_weight: torch.Tensor | None = None
 
 
 @dataclass
@@ -230,7 +243,40 @@ def prefix_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
                    alpha=alpha.detach(), exp_len=mean_len.detach())
 
 
-LOSSES = {"paper": paper_loss, "prefix": prefix_loss}
+# --------------------------------------------------------------------------- training-time test
+
+
+def ttt_row_terms(draft_logits: torch.Tensor, target_logp: torch.Tensor, labels: torch.Tensor) -> RowTerms:
+    """draft_logits: (P, N); target_logp: (P, N) log p_t of each draft-vocabulary token, normalised
+    over the target's whole vocabulary; labels: (P,) draft ids of x*, -1 where x* is no draft
+    token -> ce (0 at those rows), tv over the whole vocabulary, kl to the renormalised target."""
+    logp_d = F.log_softmax(_up(draft_logits), dim=-1)  # (P, N)
+    target_logp = _up(target_logp)
+    p_t = target_logp.exp()
+    off_vocab = (1.0 - p_t.sum(-1)).clamp_min(0.0)  # (P,) target mass the draft cannot propose
+    tv = (logp_d.exp() - p_t).abs().sum(-1) + off_vocab
+    logq = F.log_softmax(target_logp, dim=-1)  # p~_t
+    kl = F.kl_div(logp_d, logq, reduction="none", log_target=True).sum(-1)
+    ce = -logp_d.gather(-1, labels.clamp_min(0)[:, None]).squeeze(-1) * (labels >= 0)
+    return RowTerms(ce, tv, None, kl)
+
+
+def ttt_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
+    if x.rows is None or x.rows.kl is None or x.row_weight is None:
+        raise ValueError("loss.kind=ttt needs ttt_row_terms rows and row weights (train/ttt.py computes them)")
+    w = x.row_weight.to(x.rows.kl.dtype)
+    wsum = w.sum().clamp_min(1e-8)
+    in_vocab = (x.labels >= 0).to(w.dtype)
+    l_kl = (w * x.rows.kl).sum() / wsum
+    l_ce = (w * x.rows.ce).sum() / (w * in_vocab).sum().clamp_min(1e-8)
+    l_tv = (w * x.rows.tv).sum() / wsum
+    total = cfg.kl_weight * l_kl + cfg.ce_weight * l_ce + cfg.tv_weight * l_tv
+    alpha = (1.0 - 0.5 * x.rows.tv).detach()
+    return LossOut(total=total, ce=l_ce.detach(), tv=l_tv.detach(), conf=torch.zeros((), device=w.device),
+                   alpha=alpha)
+
+
+LOSSES = {"paper": paper_loss, "prefix": prefix_loss, "ttt": ttt_loss}
 WEIGHTINGS = ("decay", "survival", "gain")
 DISTANCES = ("tv", "log_accept")
 ACCEPTANCES = ("tv", "greedy")
@@ -245,10 +291,12 @@ def compute_loss(x: LossInputs, cfg: LossConfig) -> LossOut:
         raise ValueError(f"loss.distance must be one of {DISTANCES}, got {cfg.distance!r}")
     if cfg.acceptance not in ACCEPTANCES:
         raise ValueError(f"loss.acceptance must be one of {ACCEPTANCES}, got {cfg.acceptance!r}")
-    if cfg.kind == "paper" and (cfg.weighting != "decay" or cfg.acc_weight or cfg.distance != "tv"
-                                or cfg.acceptance != "tv"):
-        raise ValueError("loss.kind=paper is the paper's fixed recipe; weighting, acc_weight, distance and "
+    if cfg.kind in ("paper", "ttt") and (cfg.weighting != "decay" or cfg.acc_weight or cfg.distance != "tv"
+                                         or cfg.acceptance != "tv"):
+        raise ValueError(f"loss.kind={cfg.kind} is a fixed recipe; weighting, acc_weight, distance and "
                          "acceptance need loss.kind=prefix (e.g. loss=prefix or loss=expected_length)")
+    if cfg.kind != "ttt" and cfg.kl_weight:
+        raise ValueError("loss.kl_weight weighs the training-time-test KL of loss.kind=ttt (draft=eagle3)")
     out = LOSSES[cfg.kind](x, cfg)
     if out.exp_len is None and x.block is not None:
         # Log the teacher-forced E[tau] for every kind, so ablations compare on one number.
