@@ -113,6 +113,20 @@ def test_kernel_matches_reference(hd, T, G, window, sliding_window, num_splits, 
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_kernel_serves_a_draft_block_that_sees_itself_whole(num_splits):
+    """The draft's round: γ queries that all read slots 0..last (context, then their whole block),
+    with stale slots above `last` in the window."""
+    hd, T, G, window, last = 64, 16, 2, 300, 250
+    q, k, v, _ = _inputs(T, 2, G, hd, window + 8, window, last, seed=1)
+    k[:, last + 1:] = v[:, last + 1:] = HUGE
+    positions = torch.full((T,), last)
+    want = _naive(q, k, v, positions, window, hd**-0.5)
+    got = kernels.decode_attention_triton(q.to(DEV), k.to(DEV), v.to(DEV), positions.to(DEV), window, hd**-0.5,
+                                          num_splits=num_splits)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+
+
 def test_plan_gives_verify_rows_longer_splits():
     """A verify's full row block takes one program per SM, decode's few rows two: at an 8B shape
     (8 kv heads, hd 128) and a 2048 window, 16 splits of 2 tiles against 32 of 1."""

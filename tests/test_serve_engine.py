@@ -38,6 +38,36 @@ def test_greedy_equals_target_greedy(gamma, markov_rank, head):
         assert engine.generate(prompt, SamplingParams(max_tokens=24), mode="ar").tokens == ref
 
 
+@pytest.mark.parametrize("head", ["vanilla", "rnn"])
+def test_draft_attention_in_place_equals_concatenated(head):
+    """The engine's draft reads its context cache in place (the block's K/V written at its own
+    slots, one attention over slots 0..p+γ-1) instead of concatenating context and block under a
+    mask. Round by round the two give the same draft distributions (float32, to rounding) and the
+    same tokens, through requests that grow over several windows and leave stale slots behind."""
+    target = tiny_target(seed=6)
+    draft = tiny_draft(target, block_size=4, markov_rank=8, markov_head_type=head)
+    torch.nn.init.normal_(draft.markov.w2.weight, std=1.0)
+    cfg = dict(max_context=64, min_window=8)
+    engines = {a: Engine(target, draft, EngineConfig(draft_attention=a, **cfg)) for a in ("kernel", "sdpa")}
+    seen = {a: [] for a in engines}
+    real = draft.draft
+
+    def record(*args, **kw):
+        out = real(*args, **kw)
+        seen["kernel" if kw.get("attend") is not None else "sdpa"].append(out[1].clone())
+        return out
+
+    draft.draft = record
+    sampled = SamplingParams(max_tokens=40, temperature=1.0, seed=3)
+    for prompt in _prompts(6):
+        runs = {a: e.generate(prompt, sampled) for a, e in engines.items()}
+        assert runs["kernel"].tokens == runs["sdpa"].tokens
+        assert runs["kernel"].accepts == runs["sdpa"].accepts
+    assert len(seen["kernel"]) == len(seen["sdpa"]) > 20
+    for a, b in zip(seen["kernel"], seen["sdpa"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
 def test_attention_windows_keep_every_token():
     """min_window: each step attends to the first W cache slots only (W covering every slot it
     writes). Greedy and seeded sampling give the same tokens as attending to the whole cache,
@@ -79,10 +109,8 @@ def _oracle(draft, truth: list[int], prompt_len: int, corrupt_every: int):
     rounds accept 0..γ tokens: exercises long accepts, partial accepts and the bonus."""
     real = draft.draft
 
-    def fake(ctx_kv, anchor_id, anchor_pos, temperature=0.0, generator=None, ctx_mask=None, markov_topk=0,
-             markov_kernel=True):
-        tokens, _, conf = real(ctx_kv, anchor_id, anchor_pos, temperature, generator, ctx_mask=ctx_mask,
-                               markov_topk=markov_topk, markov_kernel=markov_kernel)
+    def fake(ctx_kv, anchor_id, anchor_pos, temperature=0.0, generator=None, **kw):
+        tokens, _, conf = real(ctx_kv, anchor_id, anchor_pos, temperature, generator, **kw)
         start = int(anchor_pos) - prompt_len + 1  # index in `truth` of the token after the anchor
         for k in range(len(tokens)):
             i = start + k

@@ -106,14 +106,16 @@ def check_draft_ties(draft):
 
     real = draft.draft
 
-    def checked(ctx_kv, anchor_id, anchor_pos, temperature=0.0, generator=None, ctx_mask=None, markov_topk=0,
-                markov_kernel=True):
-        tokens, probs, conf = real(ctx_kv, anchor_id, anchor_pos, temperature, generator, ctx_mask=ctx_mask,
-                                   markov_topk=markov_topk, markov_kernel=markov_kernel)
+    def checked(ctx_kv, anchor_id, anchor_pos, temperature=0.0, generator=None, ctx_mask=None, **kw):
+        tokens, probs, conf = real(ctx_kv, anchor_id, anchor_pos, temperature, generator, ctx_mask=ctx_mask, **kw)
         if temperature <= 0:
             pos = (anchor_pos + torch.arange(draft.arch.block_size, device=anchor_id.device))[None]
+            block = draft.block_inputs(anchor_id.view(1))
             with torch.no_grad():
-                h = draft.backbone(draft.block_inputs(anchor_id.view(1)), pos, ctx_kv, ctx_mask)[0]
+                if kw.get("attend") is not None:  # the engine's in-place path (rewrites the same block K/V)
+                    h = draft.backbone_cached(block, pos, ctx_kv, kw["window"], kw["attend"])[0]
+                else:
+                    h = draft.backbone(block, pos, ctx_kv, ctx_mask)[0]
                 logits = draft.logits(h, torch.cat([anchor_id.view(1), tokens[:-1]]))
             assert_tie_free(logits, f"draft round at position {int(anchor_pos)}")
         return tokens, probs, conf

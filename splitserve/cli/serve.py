@@ -38,6 +38,9 @@ def _models_args(f: Flags) -> None:
     f.add(EngineConfig, "markov_kernel", "--no-markov-kernel", action="store_false",
           help="run the exact greedy Markov stage as the PyTorch loop instead of one Triton launch per "
                "draft position (for A/B measurement)")
+    f.add(EngineConfig, "draft_attention", "--draft-attention", choices=["kernel", "sdpa"],
+          help="the draft's attention over its context: kernel (split-KV over the cache in place) | sdpa "
+               "(context concatenated with the block; for A/B measurement)")
     f.add(EngineConfig, "overlap_steps", "--no-overlap", action="store_const", const=False,
           help="wait for each round's tokens before queueing the next (for A/B measurement; the default "
                "queues the next round first on CUDA)")

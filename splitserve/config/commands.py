@@ -60,6 +60,11 @@ class EngineConfig:
     # (models/markov_step_kernel.py) instead of 3-4. False: the PyTorch loop, kept for A/B
     # measurement (same tokens but at near ties of one ulp; output is the target's either way).
     markov_kernel: bool = True
+    # The draft's attention over its context in a round: kernel (the block's K/V written into the
+    # context cache, then the split-KV attention kernel the target's verify uses, reading the cache
+    # in place; its PyTorch reference off CUDA) | sdpa (the context concatenated with the block
+    # and masked, through SDPA; for A/B measurement). Same values either way, to rounding.
+    draft_attention: str = "kernel"
     # Keep each round's confidences c_1..c_γ in GenStats.confidences (STS calibration data for
     # held-out evaluation): one more small device copy and host read per round. Off for serving.
     record_confidence: bool = False

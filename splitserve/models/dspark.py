@@ -133,6 +133,19 @@ class DSparkDraft(nn.Module):
             x = layer(x, ctx_k, ctx_v, cos, sin, mask)
         return self.norm(x)
 
+    def backbone_cached(self, block_ids: torch.Tensor, block_pos: torch.Tensor,
+                        cache_kv: list[tuple[torch.Tensor, torch.Tensor]], window: int, attend) -> torch.Tensor:
+        """Serving (batch 1): block_ids, block_pos (1, Q); cache_kv: per layer the static context
+        cache (1, Hkv, L, hd), slot = position -> h (1, Q, D), normed. The block's K/V land in the
+        cache at its positions (slots the next context write overwrites); `attend` reads the cache
+        in place (layers.Attend)."""
+        x = self.embed_tokens(block_ids)
+        cos, sin = self.rotary(block_pos)
+        slots = block_pos[0]
+        for layer, (k_cache, v_cache) in zip(self.layers, cache_kv):
+            x = layer.forward_cached(x, k_cache, v_cache, slots, cos, sin, window, attend)
+        return self.norm(x)
+
     def block_inputs(self, anchor_ids: torch.Tensor) -> torch.Tensor:
         """anchor_ids: (...) -> (..., γ): the anchor followed by γ-1 mask tokens."""
         masks = anchor_ids.new_full((*anchor_ids.shape, self.arch.block_size - 1), self.arch.mask_token_id)
@@ -175,6 +188,8 @@ class DSparkDraft(nn.Module):
         ctx_mask: torch.Tensor | None = None,
         markov_topk: int = 0,
         markov_kernel: bool = True,
+        attend=None,
+        window: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Draft γ tokens after the anchor.
 
@@ -190,13 +205,19 @@ class DSparkDraft(nn.Module):
         markov_kernel: greedy exact stage with a vanilla head: one launch per position
         (models/markov_step_kernel.py; the loop's tokens but at a near tie of one ulp). False:
         the loop, for A/B measurement.
+        attend: serving's cache attention (layers.Attend). Given, ctx_kv is the whole static
+        context cache (slot = position, stale slots past the anchor allowed), ctx_mask is unused,
+        and the block attends over the first `window` slots in place (`backbone_cached`).
         Returns tokens (γ,), draft probabilities (γ, V) at this temperature (None when greedy),
         confidence c_k (γ,) or None.
         """
         gamma = self.arch.block_size
         block_ids = self.block_inputs(anchor_id.view(1))  # (1, γ)
         pos = (anchor_pos + torch.arange(gamma, device=block_ids.device))[None]  # (1, γ)
-        h = self.backbone(block_ids, pos, ctx_kv, ctx_mask)[0]  # (γ, D)
+        if attend is not None:
+            h = self.backbone_cached(block_ids, pos, ctx_kv, window, attend)[0]  # (γ, D)
+        else:
+            h = self.backbone(block_ids, pos, ctx_kv, ctx_mask)[0]  # (γ, D)
         base = self.lm_head(h)  # (γ, V): U_k, computed in parallel
         if temperature <= 0 and self.markov is None:  # no sequential stage: one argmax
             return self._finish(h, anchor_id, base.argmax(-1), None)

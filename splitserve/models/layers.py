@@ -6,9 +6,16 @@ Hkv key/value heads, hd head dim.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# Attention of a few queries over a static cache, as the serving layer supplies it (a split-KV
+# kernel on CUDA, its PyTorch reference elsewhere): q (Q, Hq, hd), k_cache / v_cache (Hkv, L, hd),
+# positions (Q,), window, scale -> (Q, Hq, hd); query i reads slots j <= positions[i], j < window.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -105,6 +112,23 @@ class InjectedAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
+    def forward_cached(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                       cos: torch.Tensor, sin: torch.Tensor, window: int, attend: Attend) -> torch.Tensor:
+        """Serving at batch 1, the same attention as `forward` without concatenating the context:
+        the block's K/V are written into the context cache at the block's own slots, and every
+        query reads slots 0..slots[-1] (the committed context, then the whole block) through
+        `attend`. x: (1, Q, D); k_cache / v_cache: (1, Hkv, L, hd), context at slots < slots[0];
+        slots: (Q,) consecutive, slots[-1] < window -> (1, Q, D)."""
+        q_len = x.shape[1]
+        q = self.q_norm(self.q_proj(x).view(1, q_len, self.n_heads, self.head_dim)).transpose(1, 2)
+        q = apply_rotary(q, cos, sin)[0].transpose(0, 1)  # (Q, Hq, hd)
+        k_blk, v_blk = self._kv(x, cos, sin)  # (1, Hkv, Q, hd)
+        k_cache.index_copy_(2, slots, k_blk.to(k_cache.dtype))
+        v_cache.index_copy_(2, slots, v_blk.to(v_cache.dtype))
+        last = slots[-1:].expand(q_len)  # (Q,): the block sees itself whole
+        out = attend(q, k_cache[0], v_cache[0], last, window, self.head_dim ** -0.5)  # (Q, Hq, hd)
+        return self.o_proj(out.reshape(1, q_len, -1))
+
 
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int):
@@ -129,4 +153,9 @@ class DraftLayer(nn.Module):
 
     def forward(self, x, ctx_k, ctx_v, cos, sin, mask):
         x = x + self.self_attn(self.input_layernorm(x), ctx_k, ctx_v, cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_cached(self, x, k_cache, v_cache, slots, cos, sin, window: int, attend: Attend):
+        x = x + self.self_attn.forward_cached(self.input_layernorm(x), k_cache, v_cache, slots, cos, sin, window,
+                                              attend)
         return x + self.mlp(self.post_attention_layernorm(x))

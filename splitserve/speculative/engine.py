@@ -58,6 +58,7 @@ from splitserve.speculative.verify import verify_block
 from splitserve.target.backend import DecodingTarget, require_decoding
 from splitserve.target.graphs import StepGraphs
 from splitserve.target.native.target import native_target
+from splitserve.target.native.attention_kernel import decode_attention
 
 MODES = ("spec", "ar")
 
@@ -159,6 +160,9 @@ class Engine:
             raise ValueError(f"markov_topk must be >= 0 (0: the exact Markov stage), got {cfg.markov_topk}")
         if cfg.verify_kernel not in ("auto", "torch"):
             raise ValueError(f"verify_kernel must be auto or torch, got {cfg.verify_kernel!r}")
+        if cfg.draft_attention not in ("kernel", "sdpa"):
+            raise ValueError(f"draft_attention must be kernel or sdpa, got {cfg.draft_attention!r}")
+        self._draft_attend = decode_attention if cfg.draft_attention == "kernel" else None
         impl = verify_kernels if cfg.verify_kernel == "auto" else verify_reference
         self._verify_fns = {"greedy": impl.greedy_verify, "sampling": impl.sampling_verify}
         self._init_schedule(cfg)
@@ -195,10 +199,13 @@ class Engine:
 
     def _spec_round(self, temperature: float, window: int, trunc: tuple[int, float] = (0, 1.0)) -> None:
         p = self.seq_len  # (); p + γ < window
+        if self._draft_attend is not None:  # the block written at slots p..p+γ-1, read in place
+            ctx, mask = self.ctx.kv, None
+        else:
+            ctx, mask = self.ctx.window(window), self.ctx.block_mask(p, window)
         d_tok, d_prob, conf = self.draft.draft(
-            self.ctx.window(window), self.anchor, p, temperature, self.generator,
-            ctx_mask=self.ctx.block_mask(p, window), markov_topk=self.cfg.markov_topk,
-            markov_kernel=self.cfg.markov_kernel,
+            ctx, self.anchor, p, temperature, self.generator, ctx_mask=mask, markov_topk=self.cfg.markov_topk,
+            markov_kernel=self.cfg.markov_kernel, attend=self._draft_attend, window=window,
         )  # (γ,), (γ, V) | None, (γ,) | None
         pos = p + self._offsets  # (γ+1,)
         verify_in = torch.cat([self.anchor.view(1), d_tok])  # (γ+1,): x_p, d_1..d_γ
