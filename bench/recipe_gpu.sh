@@ -189,7 +189,7 @@ tpot)
     for variant in eager compiled; do
         flags=(); [ "$variant" = compiled ] && flags=(--compile)
         python3 -m splitserve.cli bench --draft "$best" --prompts "$WORK/heldout_regen.jsonl" --num-requests "${TPOT_REQUESTS:-12}" \
-            --output-len "${TPOT_TOKENS:-256}" --baseline "${flags[@]}" --json "$dest/bench_seed${seed}_$variant.json" \
+            --output-len "${TPOT_TOKENS:-256}" --baseline --hf-baselines "${flags[@]}" --json "$dest/bench_seed${seed}_$variant.json" \
             > "$WORK/bench_$variant.log" 2>&1 || echo "bench $variant: exit $?"
         grep "^|" "$WORK/bench_$variant.log" || tail -n 20 "$WORK/bench_$variant.log"
     done

@@ -136,8 +136,8 @@ def summarize(name: str, timings: list[RequestTiming], duration_s: float | None 
     accepts = [n for t in timings for n in t.accepts]
     spec = [t for t in timings if t.accept_length is not None and t.rounds]
     if accepts:
-        res.mean_accept_length, res.acceptance_rate, per_pos = acceptance(accepts, gamma)
-        res.per_position_acceptance = per_pos if gamma else None
+        res.mean_accept_length, rate, per_pos = acceptance(accepts, gamma)
+        res.acceptance_rate, res.per_position_acceptance = (rate, per_pos) if gamma else (None, None)
         res.rounds = len(accepts)
     elif spec:  # timings without their rounds: τ pooled from each request's own
         res.mean_accept_length = sum(t.accept_length * t.rounds for t in spec) / sum(t.rounds for t in spec)
