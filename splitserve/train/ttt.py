@@ -149,8 +149,8 @@ class TTTObjective:
         vocab = build_vocab_map(counts, draft.arch.draft_vocab_size)
         draft.set_vocab(vocab)
         covered = float(counts[vocab.used.cpu()].sum()) / max(float(counts.sum()), 1.0)
-        return (f"draft vocabulary: the {vocab.size:,} most frequent of {int((counts > 0).sum()):,} distinct trained "
-                f"tokens (target vocabulary {draft.arch.vocab_size:,}), {covered:.1%} of trained tokens")
+        return (f"draft vocabulary: {vocab.size:,} of the target's {draft.arch.vocab_size:,} tokens, the most frequent "
+                f"trained ones ({int((counts > 0).sum()):,} distinct in the data), covering {covered:.1%} of them")
 
     def plan(self, draft, batch: Batch, generators) -> TTTPlan:
         return plan_ttt(batch, draft.arch.ttt_steps)
