@@ -133,3 +133,18 @@ def test_vllm_captured_layer_one_off_is_caught(exported):
     with pytest.raises(AssertionError, match=r"served tau \d\.\d\d, not gamma\+1 = 5") as err:
         check_served_layout(engine)
     print(err.value)
+
+
+def test_version_guard_reads_the_checked_release_as_honouring_sample_from_anchor():
+    """export/engine_versions.py warns about a vLLM build whose config loader hard-codes the 1+N
+    block; 0.33.0's derives it from our sample_from_anchor (the test above), and is not flagged."""
+    from vllm_release import source
+
+    from splitserve.export import engine_versions as ev
+
+    loader = source(ev.VLLM_CONFIG_LOADER)
+    assert not ev.bonus_anchor_hard_coded(loader) and ev.layout_warning("vllm", "0.33.0", loader) is None
+    hard_coded = loader.replace('pre_trained_config["dspark_bonus_anchor"] = not sample_from_anchor',
+                                'pre_trained_config["dspark_bonus_anchor"] = True')
+    assert hard_coded != loader and ev.bonus_anchor_hard_coded(hard_coded)
+    assert ev.layout_warning("vllm", "0.33.0", hard_coded).startswith("warning: vllm 0.33.0 would serve")

@@ -59,6 +59,7 @@ def export_main(argv: list[str]) -> None:
     max_pos = int(getattr(text_cfg, "max_position_embeddings", 32768))
     if cmd.format in ("speculators", "sglang"):
         from splitserve.assets import resolve_target_path
+        from splitserve.export.engine_versions import checked_line
 
         # what the server opens
         served_target = str(Path(resolve_target_path(target_config_for(meta, models).path)).resolve())
@@ -72,9 +73,10 @@ def export_main(argv: list[str]) -> None:
                                  target_config=target.config)
         print(f"exported {cmd.run_dir} ({meta.kind}) -> {exp.out_dir} in the speculators DSpark layout (vLLM)")
         try:
-            print(vllm_command(exp, served_target))
+            print(f"{checked_line('vllm')}\n{vllm_command(exp, served_target)}")
         except ValueError as exc:
             print(f"note: {exc}")
+        _print_installed_warning("vllm")
         return
     if cmd.format == "sglang":
         from splitserve.export.sglang import export_sglang, launch_command
@@ -83,9 +85,19 @@ def export_main(argv: list[str]) -> None:
                             target_config=target.config)
         print(f"exported {cmd.run_dir} ({meta.kind}) -> {exp.out_dir} for SGLang DSPARK")
         try:
-            print(launch_command(exp, served_target))
+            print(f"{checked_line('sglang')}\n{launch_command(exp, served_target)}")
         except ValueError as exc:  # a target SGLang cannot serve: one line, the files stay written
             print(f"note: {exc}")
+        _print_installed_warning("sglang")
         return
     out = export_draft(draft, cmd.out_dir, target.info, calibration)
     print(f"exported {cmd.run_dir} ({meta.kind}) -> {out}" + (" with STS calibration" if calibration else ""))
+
+
+def _print_installed_warning(engine: str) -> None:
+    """One line when the engine installed here builds another draft block than the one checked."""
+    from splitserve.export.engine_versions import installed_warning
+
+    line = installed_warning(engine)
+    if line:
+        print(line)

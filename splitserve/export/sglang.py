@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from splitserve.export.engine_versions import layout_checked
 from splitserve.export.hybrid_serving import serving_notes
 from splitserve.export.names import ascending_layers, served_weights
 from splitserve.models.dspark import DSparkDraft
@@ -146,7 +147,7 @@ def sglang_config(draft: DSparkDraft, target_num_layers: int, max_position_embed
         "sample_from_anchor": True,
         # Provenance (ignored by SGLang).
         "splitserve": {"target_name": a.target_name, "trained_markov_rank": a.markov_rank,
-                       "slot_convention": "slot k predicts anchor+k+1"},
+                       "slot_convention": "slot k predicts anchor+k+1", "layout_checked": layout_checked("sglang")},
     }
 
 

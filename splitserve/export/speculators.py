@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from splitserve.export.engine_versions import layout_checked
 from splitserve.export.hybrid_serving import serving_notes
 from splitserve.export.names import ascending_layers, served_weights
 from splitserve.models.dspark import DSparkDraft
@@ -133,7 +134,7 @@ def speculators_config(
         "tie_word_embeddings": False,
         "torch_dtype": str(dtype).removeprefix("torch."),
         "splitserve": {"target_name": a.target_name, "trained_markov_rank": a.markov_rank,
-                       "slot_convention": "slot k predicts anchor+k+1"},
+                       "slot_convention": "slot k predicts anchor+k+1", "layout_checked": layout_checked("vllm")},
     }
 
 
