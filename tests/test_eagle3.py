@@ -108,7 +108,7 @@ def test_vocab_map_round_trip_and_layout():
     with pytest.raises(ValueError, match="distinct"):
         VocabMap.from_ids(torch.tensor([1, 1]), 8)
     with pytest.raises(ValueError, match="different target ids"):
-        VocabMap(torch.tensor([0, 0]), torch.tensor([True, False, True]))
+        VocabMap(torch.tensor([0, 0]), torch.tensor([True, False, True])).check()
 
 
 def test_set_vocab_restarts_the_lm_head_from_the_target_rows(target):
@@ -160,6 +160,12 @@ def test_registry_refuses_unknown_families_and_misfit_losses_in_one_line(target)
         assert "\n" not in msg and "draft.family='medusa'" in msg and "dflash, dspark, eagle3" in msg
     with pytest.raises(UserError, match="^draft.family=eagle3 trains with loss.kind ttt, not 'paper'"):
         objective_for(RunConfig(draft=DraftConfig(family="eagle3")))
+    from splitserve.config import compose
+
+    with pytest.raises(UserError, match="set eval.enabled=false$"):  # before training, not after it
+        objective_for(compose(["draft=eagle3", "eval.enabled=true"]))
+    with pytest.raises(UserError, match="draft.ttt_steps=0: must be positive"):
+        objective_for(compose(["draft=eagle3", "draft.ttt_steps=0"]))
     with pytest.raises(UserError, match="loss.kind=ttt is EAGLE-3's"):
         objective_for(RunConfig(loss=LossConfig(kind="ttt")))
     with pytest.raises(UserError, match="draft.family=dflash has no Markov or confidence head"):
@@ -177,3 +183,31 @@ def test_draft_eagle3_composes_its_family_capture_and_loss():
     assert (cfg.loss.kind, cfg.loss.kl_weight, cfg.loss.ce_weight, cfg.loss.tv_weight) == ("ttt", 1.0, 0.0, 0.0)
     assert cfg.target.num_capture_layers == 3 and not cfg.eval.enabled
     assert compose(["draft=dflash_b8"]).draft.family == "dflash" and compose([]).loss.kind == "paper"
+
+
+def test_chunked_rows_give_the_loss_and_gradients_of_all_rows_at_once(target):
+    """train.loss_chunk_rows > 0 computes the rows (and the target's log-probabilities) a chunk at
+    a time; the loss, its E[tau] and the gradients are those of all rows at once."""
+    from tiny import random_samples
+
+    from splitserve.stream.sources import TargetSource
+    from splitserve.train.step import collate
+    from splitserve.train.ttt import plan_ttt, ttt_draft_loss
+
+    draft = _draft(target, layers=1, vocab=48).train()
+    records = TargetSource(target, random_samples([13, 9, 16], VOCAB, seed=4)).get([0, 1, 2])
+    batch = collate(records, torch.device("cpu"), torch.float32)
+    plan = plan_ttt(batch, 3)
+    cfg = LossConfig(name="ttt", kind="ttt", kl_weight=1.0, ce_weight=0.3, tv_weight=0.2, conf_weight=0.0)
+    outs, grads = [], []
+    for chunk in (0, 5):
+        draft.zero_grad()
+        out = ttt_draft_loss(draft, batch, plan, cfg, 0.8, chunk_rows=chunk)
+        out.total.backward()
+        outs.append(out)
+        grads.append([p.grad.clone() for p in draft.parameters() if p.requires_grad])
+    for key in ("total", "ce", "tv", "alpha", "exp_len"):
+        torch.testing.assert_close(getattr(outs[0], key), getattr(outs[1], key), msg=key)
+    for g0, g1 in zip(*grads):
+        torch.testing.assert_close(g0, g1, rtol=1e-5, atol=1e-6)
+    assert outs[0].alpha.numel() == int(plan.valid.sum()) > 0

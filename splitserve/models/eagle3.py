@@ -221,6 +221,7 @@ class Eagle3Draft(nn.Module):
         if vocab.size != self.arch.draft_vocab_size or vocab.t2d.numel() != self.arch.vocab_size:
             raise ValueError(f"a vocabulary map of {vocab.size} of {vocab.t2d.numel()} ids does not fit this draft "
                              f"({self.arch.draft_vocab_size} of {self.arch.vocab_size})")
+        vocab.check()
         self.d2t.copy_(vocab.d2t)
         self.t2d.copy_(vocab.t2d)
         self.lm_head.weight.copy_(self.target_lm_head.weight[self.vocab.used])

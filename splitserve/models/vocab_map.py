@@ -21,16 +21,20 @@ import torch
 
 @dataclass
 class VocabMap:
+    """The two tensors as stored; `check` tells whether they describe one vocabulary (the
+    constructors below check, a model's buffers are read unchecked on the hot path)."""
+
     d2t: torch.Tensor  # (N,) int64
     t2d: torch.Tensor  # (V,) bool
 
-    def __post_init__(self) -> None:
+    def check(self) -> VocabMap:
         n, v = self.d2t.numel(), self.t2d.numel()
         if n > v or int(self.t2d.sum()) != n:
             raise ValueError(f"a vocabulary map of {n} draft ids needs exactly {n} of the {v} target ids marked "
                              f"in t2d, found {int(self.t2d.sum())}")
         if not torch.equal(self.used.cpu(), self.t2d.cpu().nonzero().squeeze(-1)):
             raise ValueError("d2t and t2d name different target ids (d2t must list t2d's ids in ascending order)")
+        return self
 
     @classmethod
     def from_ids(cls, used: torch.Tensor, vocab_size: int) -> VocabMap:
@@ -42,7 +46,7 @@ class VocabMap:
             raise ValueError("draft vocabulary ids must be distinct")
         t2d = torch.zeros(vocab_size, dtype=torch.bool)
         t2d[used] = True
-        return cls(used - torch.arange(used.numel()), t2d)
+        return cls(used - torch.arange(used.numel()), t2d).check()
 
     @classmethod
     def first(cls, size: int, vocab_size: int) -> VocabMap:

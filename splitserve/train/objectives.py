@@ -78,4 +78,7 @@ def objective_for(cfg: RunConfig) -> Objective:
     if cfg.loss.kind not in kinds:
         raise UserError(f"draft.family={family.name} trains with loss.kind {' or '.join(kinds)}, not "
                         f"{cfg.loss.kind!r}: {hint}")
+    if cfg.eval.enabled and not family.serves:  # refused now, not after training
+        raise UserError(f"draft.family={family.name}: the held-out evaluation drafts with the speculative engine, "
+                        "which does not draft with this family yet; set eval.enabled=false")
     return make(cfg)

@@ -22,6 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from splitserve.config import LossConfig, RunConfig
+from splitserve.errors import UserError
 from splitserve.models.vocab_map import build_vocab_map, count_tokens
 from splitserve.target.sdpa import varlen_sdpa
 from splitserve.train.losses import LossInputs, LossOut, RowTerms, compute_loss, ttt_row_terms
@@ -72,7 +73,7 @@ def _row_terms(draft, h: torch.Tensor, target_logp: torch.Tensor, labels: torch.
     return t.ce, t.tv, t.kl
 
 
-def row_terms(draft, h: torch.Tensor, target_logp: torch.Tensor, labels: torch.Tensor, chunk_rows: int) -> RowTerms:
+def rows_of(draft, h: torch.Tensor, target_logp: torch.Tensor, labels: torch.Tensor, chunk_rows: int) -> RowTerms:
     """h: (P, D), target_logp: (P, N), labels: (P,) draft ids -> the rows' terms; chunk_rows > 0:
     that many rows at a time under activation checkpointing (as train/step.py chunked_row_terms),
     so the (P, N) draft logits never exist at once."""
@@ -104,7 +105,7 @@ def ttt_draft_loss(draft, batch: Batch, plan: TTTPlan, loss_cfg: LossConfig, dec
     inputs = LossInputs(
         draft_logits=None,
         target_logits=None,
-        rows=row_terms(draft, h[sel], target_logp, labels, chunk_rows),
+        rows=rows_of(draft, h[sel], target_logp, labels, chunk_rows),
         labels=labels,
         slot=j,
         conf_logits=None,
@@ -142,7 +143,12 @@ class TTTObjective:
     """The training side of draft.family=eagle3 (train/objectives.py)."""
 
     def __init__(self, cfg: RunConfig):
-        self.decay, self.loss_cfg, self.chunk_rows = cfg.draft.ttt_decay, cfg.loss, cfg.train.loss_chunk_rows
+        d = cfg.draft
+        for key, value, ok in (("ttt_steps", d.ttt_steps, d.ttt_steps >= 1), ("ttt_decay", d.ttt_decay, d.ttt_decay > 0),
+                               ("draft_vocab_size", d.draft_vocab_size, d.draft_vocab_size >= 1)):
+            if not ok:
+                raise UserError(f"draft.{key}={value}: must be positive")
+        self.decay, self.loss_cfg, self.chunk_rows = d.ttt_decay, cfg.loss, cfg.train.loss_chunk_rows
 
     def prepare(self, draft, cfg: RunConfig, target, source) -> str:
         counts = count_tokens(training_tokens(cfg, target, source), draft.arch.vocab_size)  # (V,)
