@@ -34,6 +34,7 @@ objects and server flags. The target's verify and greedy accept are served_round
 from __future__ import annotations
 
 import abc
+import ast
 import contextlib
 import copy
 import enum
@@ -47,10 +48,8 @@ from typing import Callable, NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 from release_code import compile_into, pick, pick_methods, release_imports
-from served_rounds import GAMMA, DraftCompute, SlotKV, residual_streams
+from served_rounds import DraftCompute, SlotKV, residual_streams
 from sglang_release import VERSION, Envs, Struct, dspark_release, tree, wheel
-
-import ast
 
 LOG = logging.getLogger("sglang_layout")
 

@@ -25,7 +25,8 @@ from splitserve.export.sglang import export_sglang, launch_command
 
 import sglang_layout  # noqa: E402  (after the splitserve imports: it reads the wheel lazily)
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# integration tier, as tests/test_sglang_contract.py: the first run downloads the wheel
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_thread")]
 HEADS = {"vanilla": "VanillaMarkov", "gated": "GatedMarkovHead", "rnn": "RNNHead", "rank0": "VanillaMarkov"}
 
 

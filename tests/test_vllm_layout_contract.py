@@ -27,7 +27,8 @@ from splitserve.export.speculators import export_speculators, vllm_command
 pytest.importorskip("triton", reason="triton is not installed (its interpreter runs vLLM's kernel on a CPU)")
 import vllm_layout  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("triton_numpy_fix", "one_thread")
+# integration tier, as tests/test_sglang_contract.py: the first run downloads the wheel (336 MB)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("triton_numpy_fix", "one_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,10 @@ def _engine(exported, variant: str, edit=None):
 def test_vllm_builds_the_trained_block_and_accepts_all_of_it(exported, variant):
     engine, trained = _engine(exported, variant)
     spec, hf = engine.spec, engine.view.hf_config
+    # the printed --speculative-config is what vLLM's own reading of config.json gives
+    cfg = json.loads((exported(variant)[2] / "config.json").read_text())
+    assert vllm_layout.release().speculators_config.extract_vllm_speculative_config(cfg) == {
+        k: engine.view.speculative[k] for k in ("method", "num_speculative_tokens")}
     # update_dspark read our sample_from_anchor; DSparkSpeculator: γ query rows, every one a draft
     assert (hf.sample_from_anchor, hf.dspark_bonus_anchor) == (True, False)
     assert (spec.sample_from_anchor, spec.num_query_per_req, spec.num_speculative_steps) == (True, GAMMA, GAMMA)
