@@ -21,7 +21,9 @@ elementwise kernels, the native decoder before the fused products), -triton (nat
 the verify forward fused too), -nopdl (SPLITSERVE_PDL=0: no
 programmatic dependent launch), -ipdl (torch._inductor.config.triton.enable_pdl: inductor's kernels use
 PDL too; the setting TORCHINDUCTOR_ENABLE_PDL=1 gives at import), -sync (overlap_steps=False: the host
-reads each round's tokens before it queues the next, the engine before it overlapped them).
+reads each round's tokens before it queues the next, the engine before it overlapped them), -sdpa
+(draft_attention="sdpa": the draft concatenates its context with the block under a mask, through
+SDPA, instead of reading its cache in place with the split-KV kernel).
 The draft is untrained, so nothing is accepted: any TPOT at a τ is a projection,
 τ · (AR TPOT) / (wall time per round), labelled so.
 """
@@ -48,7 +50,7 @@ from splitserve.speculative.engine import Engine, SamplingParams
 from splitserve.target.native import attention_kernel
 
 
-FLAGS = ("compiled", "fp8", "cublas", "triton", "nopdl", "ipdl", "sync")
+FLAGS = ("compiled", "fp8", "cublas", "triton", "nopdl", "ipdl", "sync", "sdpa")
 
 
 def variant_config(name: str, max_context: int) -> EngineConfig:
@@ -58,7 +60,8 @@ def variant_config(name: str, max_context: int) -> EngineConfig:
     return EngineConfig(max_context=max_context, decoder=base, weight_format="fp8" if "fp8" in flags else "model",
                         native_products=next((f for f in ("cublas", "triton") if f in flags), "fused"),
                         compile_backend="inductor" if "compiled" in flags else None,
-                        overlap_steps=False if "sync" in flags else None)
+                        overlap_steps=False if "sync" in flags else None,
+                        draft_attention="sdpa" if "sdpa" in flags else "kernel")
 
 
 @contextlib.contextmanager

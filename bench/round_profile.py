@@ -85,9 +85,7 @@ def component_costs(engine: Engine, prompt: list[int], iters: int) -> dict:
     v_out = torch.zeros(e.gamma + 1, dtype=torch.long, device=e.device)
 
     def draft_only():
-        p = e.seq_len
-        tok, _, _ = e.draft.draft(e.ctx.window(w), e.anchor, p, 0.0, e.generator, ctx_mask=e.ctx.block_mask(p, w),
-                                  markov_topk=e.cfg.markov_topk, markov_kernel=e.cfg.markov_kernel)
+        tok, _, _ = e._draft_block(0.0, w)  # as the round drafts (draft_attention included)
         d_out.copy_(tok)
 
     def verify_only():  # the target on [x_p, d_1..d_γ] at p..p+γ (writes cache slots the next round overwrites)

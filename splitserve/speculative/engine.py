@@ -199,14 +199,7 @@ class Engine:
 
     def _spec_round(self, temperature: float, window: int, trunc: tuple[int, float] = (0, 1.0)) -> None:
         p = self.seq_len  # (); p + γ < window
-        if self._draft_attend is not None:  # the block written at slots p..p+γ-1, read in place
-            ctx, mask = self.ctx.kv, None
-        else:
-            ctx, mask = self.ctx.window(window), self.ctx.block_mask(p, window)
-        d_tok, d_prob, conf = self.draft.draft(
-            ctx, self.anchor, p, temperature, self.generator, ctx_mask=mask, markov_topk=self.cfg.markov_topk,
-            markov_kernel=self.cfg.markov_kernel, attend=self._draft_attend, window=window,
-        )  # (γ,), (γ, V) | None, (γ,) | None
+        d_tok, d_prob, conf = self._draft_block(temperature, window)  # (γ,), (γ, V) | None, (γ,) | None
         pos = p + self._offsets  # (γ+1,)
         verify_in = torch.cat([self.anchor.view(1), d_tok])  # (γ+1,): x_p, d_1..d_γ
         logits, cap = self.target.forward_static(verify_in[None], self.cache, pos, window=window,
@@ -226,6 +219,18 @@ class Engine:
         self.out.copy_(torch.cat([n.view(1), committed]))
         self.seq_len.add_(n + 1)
         self.anchor.copy_(bonus)
+
+    def _draft_block(self, temperature: float, window: int):
+        """The draft's γ tokens after the anchor at p = seq_len: tokens (γ,), probabilities (γ, V)
+        or None (greedy), confidences (γ,) or None."""
+        p = self.seq_len
+        if self._draft_attend is not None:  # the block written at slots p..p+γ-1, read in place
+            ctx, mask = self.ctx.kv, None
+        else:
+            ctx, mask = self.ctx.window(window), self.ctx.block_mask(p, window)
+        return self.draft.draft(ctx, self.anchor, p, temperature, self.generator, ctx_mask=mask,
+                                markov_topk=self.cfg.markov_topk, markov_kernel=self.cfg.markov_kernel,
+                                attend=self._draft_attend, window=window)
 
     def _ar_step(self, temperature: float, window: int, trunc: tuple[int, float] = (0, 1.0)) -> None:
         p = self.seq_len  # (); p < window
