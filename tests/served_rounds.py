@@ -68,7 +68,8 @@ class Reference:
 @functools.lru_cache(maxsize=1)
 def reference() -> Reference:
     """A 7-token prompt and room for ROUNDS fully accepted rounds after it, and one more."""
-    picks = torch.randint(0, len(ALPHABET), (7 + (ROUNDS + 2) * (GAMMA + 1),), generator=torch.Generator().manual_seed(0))
+    length = 7 + (ROUNDS + 2) * (GAMMA + 1)
+    picks = torch.randint(0, len(ALPHABET), (length,), generator=torch.Generator().manual_seed(0))
     tokens = torch.tensor(ALPHABET)[picks].tolist()
     return Reference(tokens[:7], tokens)
 

@@ -15,9 +15,14 @@ from splitserve.export import engine_versions as ev
 from splitserve.export.sglang import SGLANG_VERSION, sglang_config
 from splitserve.export.speculators import speculators_config
 
-HARD_CODED = 'def update_dspark(config_dict, pre_trained_config):\n    pre_trained_config["dspark_bonus_anchor"] = True\n'
-FROM_CONFIG = ('def update_dspark(config_dict, pre_trained_config):\n    sample_from_anchor = config_dict.get("sample_from_anchor", '
-               'False)\n    pre_trained_config["dspark_bonus_anchor"] = not sample_from_anchor\n')
+# update_dspark as a build that ignores the checkpoint writes it, and as one that reads it
+HARD_CODED = """def update_dspark(config_dict, pre_trained_config):
+    pre_trained_config["dspark_bonus_anchor"] = True
+"""
+FROM_CONFIG = """def update_dspark(config_dict, pre_trained_config):
+    sample_from_anchor = config_dict.get("sample_from_anchor", False)
+    pre_trained_config["dspark_bonus_anchor"] = not sample_from_anchor
+"""
 
 
 def test_checked_releases_are_the_ones_the_contract_tests_run():

@@ -133,7 +133,8 @@ def test_vllm_block_one_slot_late_is_caught(exported):
 def test_vllm_captured_layer_one_off_is_caught(exported):
     """Capture ids written as our layer ids (without the +1): vLLM captures each layer one earlier,
     the draft reads other hidden states, and the contract check refuses it."""
-    engine, _ = _engine(exported, "vanilla", edit=lambda cfg: cfg.update(aux_hidden_state_layer_ids=list(TRAINED_LAYERS)))
+    ids = list(TRAINED_LAYERS)
+    engine, _ = _engine(exported, "vanilla", edit=lambda cfg: cfg.update(aux_hidden_state_layer_ids=ids))
     assert engine.view.aux_layers == TRAINED_LAYERS
     with pytest.raises(AssertionError, match=r"served tau \d\.\d\d, not gamma\+1 = 5") as err:
         check_served_layout(engine)

@@ -31,6 +31,7 @@ verify and greedy accept are served_rounds': vLLM's rejection sampler is not run
 from __future__ import annotations
 
 import abc
+import bisect
 import collections.abc
 import contextlib
 import copy
@@ -54,23 +55,16 @@ SPEC = "vllm/v1/worker/gpu/spec_decode/"
 MAX_REQS, MAX_TOKENS, MAX_LEN, KV_BLOCK = 4, 64, 256, 16
 
 
-class ForwardContext(contextlib.ContextDecorator):
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def forward_context(*args, **kwargs):
+    """set_forward_context: the stand-in model reads what it needs from the speculator's buffers."""
+    return contextlib.nullcontext()
 
 
 @functools.lru_cache(maxsize=1)
 def release() -> SimpleNamespace:
     """The release's code, compiled once."""
     log = logging.getLogger("vllm_release")
-    base = {"torch": torch, "nn": torch.nn, "np": np, "logger": log, "Any": Any, "ClassVar": ClassVar,
-            "cast": lambda t, v: v}
+    base = {"torch": torch, "nn": torch.nn, "np": np, "logger": log, "Any": Any, "ClassVar": ClassVar}
     algos = compile_defs("vllm/transformers_utils/configs/speculators/algos.py",
                          ["SUPPORTED_SPECULATORS_TYPES", "register_speculator", "update_dspark"], dict(base))
     cfg_methods = compile_methods("vllm/transformers_utils/configs/speculators/base.py", "SpeculatorsConfig",
@@ -80,7 +74,7 @@ def release() -> SimpleNamespace:
     speculators_config = type("SpeculatorsConfig", (), cfg_methods)
     eagle3 = compile_defs(SPEC + "eagle/eagle3_utils.py", ["get_eagle3_aux_layers_from_config"], dict(base))
     mixin = compile_defs("vllm/model_executor/models/interfaces.py", ["EagleModelMixin"],
-                         dict(base, bisect_right=__import__("bisect").bisect_right))["EagleModelMixin"]
+                         dict(base, bisect_right=bisect.bisect_right))["EagleModelMixin"]
     set_aux = compile_methods("vllm/model_executor/models/interfaces.py", "SupportsEagle3",
                               ["set_aux_hidden_state_layers"], dict(base, EagleModelMixin=mixin))
     llama_forward = compile_methods("vllm/model_executor/models/llama.py", "LlamaModel", ["forward"], dict(
@@ -90,14 +84,14 @@ def release() -> SimpleNamespace:
                                 ["_SLIDING_ATTENTION", "_dflash_layer_causal", "dflash_has_any_non_causal"],
                                 dict(base))
     graph_mode = compile_defs("vllm/config/compilation.py", ["CUDAGraphMode"], dict(base, enum=enum))["CUDAGraphMode"]
+    import triton  # here, not at import: the test module skips first where triton is missing
     from triton import language as tl
-    import triton
 
     ns = dict(base, ABC=abc.ABC, abstractmethod=abc.abstractmethod, Mapping=collections.abc.Mapping,
               partial=functools.partial, copy=copy, tl=tl, triton=triton, CUDAGraphMode=graph_mode,
               replace=lambda obj, **kw: SimpleNamespace(**{**vars(obj), **kw}),
               get_eagle3_aux_layers_from_config=eagle3["get_eagle3_aux_layers_from_config"],
-              set_forward_context=ForwardContext, BatchDescriptor=lambda **kw: SimpleNamespace(**kw),
+              set_forward_context=forward_context, BatchDescriptor=lambda **kw: SimpleNamespace(**kw),
               build_slot_mappings_by_layer=lambda slot_mappings, kv_cache_config: None,
               dispatch_cg_and_sync_dp=_eager_dispatch)
     compile_defs("vllm/v1/attention/backends/utils.py", ["PAD_SLOT_ID"], ns)
@@ -292,8 +286,8 @@ class VllmEngine:
     then each verify) hands propose the tokens it scheduled, their captured hidden states, and
     how many of them were rejected, exactly as the model runner does."""
 
-    def __init__(self, export_dir: Path, command: str, compute: DraftCompute, target, view: VllmView | None = None):
-        self.view = view or read_export(export_dir, command)
+    def __init__(self, export_dir: Path, command: str, compute: DraftCompute, target):
+        self.view = read_export(export_dir, command)
         self.spec = speculator(self.view, compute)
         self.capture = target_capture(target.info.num_layers, self.view.aux_layers)
         self.target = target
@@ -306,7 +300,8 @@ class VllmEngine:
         aux = self.capture(residual_streams(self.target, seq), positions)
         batch = SimpleNamespace(
             num_reqs=1, num_tokens=rows, positions=positions,
-            query_start_loc=torch.tensor([0, rows], dtype=torch.int32), idx_mapping=torch.tensor([0], dtype=torch.int32),
+            query_start_loc=torch.tensor([0, rows], dtype=torch.int32),
+            idx_mapping=torch.tensor([0], dtype=torch.int32),
             num_scheduled_tokens=np.array([rows]), seq_lens_cpu_upper_bound=torch.tensor([len(seq)]))
         last_sampled = torch.zeros(MAX_REQS, dtype=torch.int64)
         last_sampled[0] = bonus
@@ -316,11 +311,11 @@ class VllmEngine:
             num_rejected=torch.tensor([num_rejected], dtype=torch.int32), last_sampled=last_sampled,
             next_prefill_tokens=torch.zeros(MAX_REQS, dtype=torch.int64),
             temperature=torch.zeros(MAX_REQS), seeds=torch.zeros(MAX_REQS, dtype=torch.int64))
-        q = self.spec.num_query_per_req
-        buf = self.spec.input_buffers
+        q, buf = self.spec.num_query_per_req, self.spec.input_buffers
+        ctx = zip(self.spec.context_positions[:rows].tolist(), self.spec._context_slot_mappings[0][:rows].tolist())
         self.steps.append(dict(input_ids=buf.input_ids[:q].tolist(), positions=buf.positions[:q].tolist(),
                                seq_len=int(buf.seq_lens[0]),
-                               context_positions=self.spec.context_positions[:rows - num_rejected].tolist(),
+                               context_positions=[pos for pos, slot in ctx if slot >= 0],  # rows that write K/V
                                sample_indices=self.spec.sample_indices[:GAMMA].tolist(),
                                sample_pos=self.spec.sample_pos[:GAMMA].tolist()))
         return drafts[0].tolist()
