@@ -13,8 +13,6 @@ build_vllm_speculative_config); vLLM itself is CUDA-only and not run here.
 
 import ast
 import json
-import os
-import zipfile
 
 import pytest
 import torch
@@ -159,14 +157,12 @@ def test_cli_export_speculators(tmp_path, tiny_smol_dir, capsys):
     assert load_file(str(tmp_path / "spec" / "model.safetensors"))["fc.weight"].dtype == torch.bfloat16
 
 
-VLLM_WHEEL = os.environ.get("SPLITSERVE_VLLM_WHEEL")  # a vllm-0.33.0 wheel (336 MB: not in CI)
-
-
-@pytest.mark.skipif(not VLLM_WHEEL, reason="set SPLITSERVE_VLLM_WHEEL to a downloaded vllm 0.33.0 wheel")
 def test_vllm_own_config_code_reads_our_export(tmp_path):
     """vLLM's speculators config code (transformers_utils/configs/speculators/algos.py update_dspark,
     base.py SpeculatorsConfig's dict-level methods), compiled from its wheel, over our config.json."""
-    wheel = zipfile.ZipFile(VLLM_WHEEL)
+    import vllm_release  # the release's wheel, downloaded once (integration tier: tests/conftest.py)
+
+    wheel = vllm_release.wheel()
     algos: dict = {}
     exec(compile(wheel.read("vllm/transformers_utils/configs/speculators/algos.py").decode(), "algos.py", "exec"),
          algos)

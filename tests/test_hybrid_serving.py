@@ -3,15 +3,13 @@ the server flags each engine gets and the one-line note where an engine cannot s
 (splitserve/export/hybrid_serving.py), through the export functions and the export CLI.
 
 The table's facts come from SGLang 0.5.23's and vLLM 0.33.0's released source. The last tests read
-that source again (SGLang's wheel as tests/sglang_release.py fetches it, integration tier; vLLM's
-only with SPLITSERVE_VLLM_WHEEL set, as tests/test_export_speculators.py does) and check every flag
+that source again (SGLang's wheel as tests/sglang_release.py fetches it, integration tier; vLLM's as
+tests/vllm_release.py fetches it) and check every flag
 and every capture-hook claim in the table against it.
 """
 
 import ast
 import json
-import os
-import zipfile
 from types import SimpleNamespace
 
 import pytest
@@ -343,12 +341,10 @@ def test_table_matches_sglang_release():
         assert _has_sglang_hook(read, row.sglang.model_class) == row.sglang.serves, row.model_type
 
 
-VLLM_WHEEL = os.environ.get("SPLITSERVE_VLLM_WHEEL")  # a vllm-0.33.0 wheel (336 MB: not in CI)
-
-
-@pytest.mark.skipif(not VLLM_WHEEL, reason="set SPLITSERVE_VLLM_WHEEL to a downloaded vllm 0.33.0 wheel")
 def test_table_matches_vllm_release():
-    w = zipfile.ZipFile(VLLM_WHEEL)
+    import vllm_release  # the release's wheel, downloaded once (integration tier: tests/conftest.py)
+
+    w = vllm_release.wheel()
     read = lambda path: w.read(path).decode()  # noqa: E731
     args = read("vllm/engine/arg_utils.py")
     cache = read("vllm/config/cache.py")
