@@ -73,7 +73,7 @@ def check_target_layers(target_cfg) -> None:
     from splitserve.errors import UserError
     from splitserve.target.arch import text_config
     from splitserve.target.hf import load_target_config
-    from splitserve.target.layers import check_layer_ids, default_layer_ids
+    from splitserve.target.layers import check_layer_ids, rule_layer_ids
 
     num_layers = int(text_config(load_target_config(target_cfg)).num_hidden_layers)
     if num_layers < 2:
@@ -82,7 +82,8 @@ def check_target_layers(target_cfg) -> None:
     if target_cfg.layer_ids is not None:
         check_layer_ids(list(target_cfg.layer_ids), num_layers, from_rule=False)
     else:
-        check_layer_ids(default_layer_ids(num_layers, target_cfg.num_capture_layers), num_layers, from_rule=True)
+        ids = rule_layer_ids(num_layers, target_cfg.num_capture_layers, target_cfg.layer_rule)
+        check_layer_ids(ids, num_layers, from_rule=True)
 
 
 def check_train_data(cfg) -> None:

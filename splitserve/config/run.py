@@ -22,9 +22,12 @@ class TargetConfig:
     dtype: str = "float32"  # float32 | bfloat16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # Captured layers (HF indexing: hidden_states[l + 1] is the output of layer l).
-    # None means the default rule in target/layers.py with `num_capture_layers` layers. Every id
-    # must be distinct: a rule that repeats a layer of a small target is refused at start.
+    # None means the rule `layer_rule` in target/layers.py picks them. Every id must be
+    # distinct: a rule that repeats a layer of a small target is refused at start.
     layer_ids: list[int] | None = None
+    # spread: `num_capture_layers` layers spread over the target (DSpark's default); eagle3:
+    # EAGLE-3's [1, N//2 - 1, N - 4] (three layers; num_capture_layers is not read).
+    layer_rule: str = "spread"
     num_capture_layers: int = 5
     # transformers backend, training and dump: pad each sample to its power-of-two length bucket
     # and replay that bucket's forward as a CUDA graph (target/bucketed.py). None (default): on

@@ -23,7 +23,7 @@ from splitserve.config import TargetConfig
 from splitserve.records import Capture, TargetInfo
 from splitserve.target import eos
 from splitserve.target.arch import ATTENTION_KINDS, LogitTransform, UnsupportedTargetError, attention_layout, text_config
-from splitserve.target.layers import check_layer_ids, default_layer_ids
+from splitserve.target.layers import capture_layer_ids, check_layer_ids
 from splitserve.target.recurrent import MixerReplay, RecurrentStore, find_mixers, restore, snapshot
 from splitserve.target.static_cache import StaticKVCache, visible_mask
 
@@ -344,9 +344,7 @@ def load_hf_target(cfg: TargetConfig, device: torch.device | None = None) -> HFT
 def _info_from_config(mc, cfg: TargetConfig, name: str, validate: bool = True) -> TargetInfo:
     text_cfg = text_config(mc)
     n_layers = int(text_cfg.num_hidden_layers)
-    layer_ids = list(cfg.layer_ids) if cfg.layer_ids is not None else default_layer_ids(
-        n_layers, cfg.num_capture_layers
-    )
+    layer_ids = capture_layer_ids(cfg, n_layers)
     if validate:
         check_layer_ids(layer_ids, n_layers)
     return TargetInfo(

@@ -1,4 +1,11 @@
-"""Which target layers the draft is conditioned on (DSPARK.md, "KV injection")."""
+"""Which target layers the draft is conditioned on (DSPARK.md, "KV injection").
+
+`target.layer_ids` names them; unset, `target.layer_rule` picks them:
+    spread  `target.num_capture_layers` layers spread over the target (default_layer_ids); DSpark's
+    eagle3  EAGLE-3's usual low, middle and high layers [1, N//2 - 1, N - 4] (models/eagle3.py
+            eagle3_layer_ids), which conf/draft/eagle3.yaml selects
+Ids are our capture's: the output of layer l (HF hidden_states[l + 1]).
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,37 @@ def default_layer_ids(num_layers: int, m: int = 5) -> list[int]:
     ids = [math.floor(1 + i * (num_layers - 4) / (m - 1) + 0.5) for i in range(m)]
     ids = [min(max(i, 0), num_layers - 2) for i in ids]  # tiny targets: stay below the last
     return ids
+
+
+LAYER_RULES = ("spread", "eagle3")
+
+
+def rule_layer_ids(num_layers: int, m: int = 5, rule: str = "spread") -> list[int]:
+    """The layers a named rule captures from an N-layer target. `m` is the spread rule's count;
+    the eagle3 rule always names three. A rule that cannot fit the target is one UserError."""
+    from splitserve.errors import UserError  # target.layer_rule is the user's setting
+
+    if rule == "spread":
+        return default_layer_ids(num_layers, m)
+    if rule != "eagle3":
+        raise UserError(f"target.layer_rule={rule!r}: must be one of {', '.join(LAYER_RULES)}")
+    from splitserve.models.eagle3 import eagle3_layer_ids  # models sits below target
+
+    ids = eagle3_layer_ids(num_layers) if num_layers >= 6 else None
+    if ids is None or repeated(ids):
+        found = f"gives {ids}, repeating layer(s) {repeated(ids)}" if ids else "needs at least 6 layers"
+        raise UserError(f"target.layer_rule=eagle3 does not fit a {num_layers}-layer target: [1, N//2 - 1, N - 4] "
+                        f"{found}; set target.layer_ids=[...] with distinct ids in 0..{num_layers - 2}, "
+                        "or target.layer_rule=spread")
+    return ids
+
+
+def capture_layer_ids(target_cfg, num_layers: int) -> list[int]:
+    """What a TargetConfig captures from an N-layer target: target.layer_ids when set, else
+    target.layer_rule's layers (unchecked; `check_layer_ids` refuses what a target cannot give)."""
+    if target_cfg.layer_ids is not None:
+        return list(target_cfg.layer_ids)
+    return rule_layer_ids(num_layers, target_cfg.num_capture_layers, target_cfg.layer_rule)
 
 
 def max_default_layers(num_layers: int) -> int:
