@@ -45,6 +45,7 @@ def check_run_config(cfg) -> None:
         "loss.acceptance": (cfg.loss.acceptance, ACCEPTANCES),
         "train.backend": (cfg.train.backend, ("plain", "deepspeed")),
         "train.precision": (cfg.train.precision, ("fp32", "bf16")),
+        "data.overlong": (cfg.data.overlong, ("truncate", "skip")),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:

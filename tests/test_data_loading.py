@@ -38,6 +38,20 @@ def test_malformed_rows_among_good_ones_are_skipped_with_their_lines(tmp_path, s
         load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(strict=True))
 
 
+def test_rows_longer_than_max_length_are_cut_or_skipped_and_counted(tmp_path, smollm2_tokenizer):
+    long = {"messages": [{"role": "user", "content": "Tell me."}, {"role": "assistant", "content": "Sure. " * 30}]}
+    path = _write(tmp_path / "long.jsonl", [GOOD, long, GOOD])
+    cut, stats = load_samples(path, smollm2_tokenizer, 48)
+    assert len(cut) == 3 and stats.truncated == 1 and max(len(s.input_ids) for s in cut) == 48
+    assert "1 cut to data.max_length" in stats.summary()
+    kept, stats = load_samples(path, smollm2_tokenizer, 48, opts=LoadOptions(overlong="skip"))
+    assert [s.source for s in kept] == [f"{path}:1", f"{path}:3"] and stats.truncated == 0
+    assert stats.skipped["long"] == [f"{path}:2"]
+    assert "skipped: 1 longer than data.max_length (data.overlong=skip)" in stats.summary()
+    with pytest.raises(DataError, match="data.overlong must be one of truncate, skip, got 'drop'"):
+        LoadOptions(overlong="drop")
+
+
 def test_columnar_bad_row_is_named_by_row_number(tmp_path, smollm2_tokenizer):
     path = tmp_path / "bad.parquet"
     rows = [{"prompt": "a", "response": "b"}, {"prompt": "c", "response": None}]

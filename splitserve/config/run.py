@@ -82,6 +82,9 @@ class DataConfig:
     train_path: str = "chitchat"
     heldout_prompts: str = "chitchat"
     max_length: int = 1024
+    # A row longer than max_length tokens: truncate (cut to it; counted in the data summary) | skip
+    # (left out; counted under its own reason)
+    overlong: str = "truncate"
     max_samples: int | None = None
     # A Jinja file replacing the tokenizer's chat template, for training rows and held-out prompts.
     chat_template: str | None = None

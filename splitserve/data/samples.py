@@ -27,9 +27,12 @@ from splitserve.data.rows import DataError, fingerprint, iter_raw_rows
 
 CACHE_VERSION = 1  # bump when the masks a given input yields change
 SHOWN_PER_REASON = 5  # row locations listed per skip reason in the summary
-REASONS = ("empty", "malformed", "unlocated")  # no trainable token | bad row | replies not found
+# no trainable token | bad row | replies not found | longer than max_length (with overlong="skip")
+REASONS = ("empty", "malformed", "unlocated", "long")
 REASON_WORDS = {"empty": "with no assistant reply to learn from", "malformed": "malformed",
-                "unlocated": "whose replies the chat template does not reproduce"}
+                "unlocated": "whose replies the chat template does not reproduce",
+                "long": "longer than data.max_length (data.overlong=skip)"}
+OVERLONG = ("truncate", "skip")
 
 
 @dataclass
@@ -38,6 +41,11 @@ class LoadOptions:
     strict: bool = False  # the first bad row is an error instead of a skip
     num_proc: int | None = None  # datasets.map worker processes (None: this process)
     cache: bool = False  # keep the tokenized samples under the splitserve cache dir
+    overlong: str = "truncate"  # a row longer than max_length: cut to it and counted | skipped and counted
+
+    def __post_init__(self):
+        if self.overlong not in OVERLONG:
+            raise DataError(f"data.overlong must be one of {', '.join(OVERLONG)}, got {self.overlong!r}")
 
 
 @dataclass
@@ -65,7 +73,8 @@ class DataStats:
             where = self.skipped.get(reason, [])
             if where:
                 shown = ", ".join(where[:SHOWN_PER_REASON]) + (", ..." if len(where) > SHOWN_PER_REASON else "")
-                skipped.append(f"{len(where)} {REASON_WORDS[reason]}" + ("" if reason == "empty" else f" at {shown}"))
+                quiet = reason in ("empty", "long")  # not faults: no row list
+                skipped.append(f"{len(where)} {REASON_WORDS[reason]}" + ("" if quiet else f" at {shown}"))
         parts = [f"{self.rows} rows read, {self.samples} used"]
         parts.append("skipped: " + "; ".join(skipped) if skipped else "none skipped")
         parts.append(f"{self.truncated} cut to data.max_length")
@@ -136,8 +145,10 @@ def _tokenize(path: str | Path, tokenizer: Any, max_length: int, limit: int | No
             if limit is not None and len(samples) >= limit:
                 break
             stats.rows += 1
+            if truncated and opts.overlong == "skip":
+                skip = "long"
             if skip:
-                if opts.strict and skip != "empty":
+                if opts.strict and skip not in ("empty", "long"):
                     raise DataError(error)
                 if error and len(stats.skipped.get(skip, [])) < SHOWN_PER_REASON:
                     print(f"[data] skipped: {error}")
@@ -173,6 +184,8 @@ def cache_key(path: str | Path, tokenizer: Any, max_length: int, limit: int | No
         "template": opts.chat.text_for(tokenizer), "kwargs": opts.chat.kwargs, "max_length": max_length,
         "limit": limit, "strict": opts.strict,
     }
+    if opts.overlong != "truncate":  # keys of earlier caches stay as they were
+        parts["overlong"] = opts.overlong
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
