@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The public serving workload's shape on the real SmolLM2 target: random-token prompts, one request
+# at a time, greedy, EOS ignored, speculative against the engine's own AR (docs/results/public_shape_h200.md).
+# SmolLM2's context is 8,192 tokens, so 7,000 input + 1,024 output stand in for 8,192 + 1,024.
+# On a GPU machine whose SmolLM2 parts were stashed by bench/device_smollm2.sh (and the chitchat
+# train.jsonl / heldout_prompts.jsonl in $DATA):
+#   bash bench/public_shape_gpu.sh train MINUTES     the quickstart recipe on the GPU (bench/gpu_train_smollm2.py)
+#   bash bench/public_shape_gpu.sh bench REQUESTS    splitserve bench --random 7000/1024, --baseline, compiled
+# Work lives in $WORK (default /tmp/public_shape); results are copied to $OUT when it is set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/device_smollm2.sh env
+python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
+WORK=${WORK:-/tmp/public_shape}
+DATA=${DATA:-.whl/data}
+mkdir -p "$WORK"
+export PYTHONUNBUFFERED=1
+case "${1:?train MINUTES | bench REQUESTS}" in
+train)
+    python3 bench/gpu_train_smollm2.py --train "$DATA/train.jsonl" --prompts "$DATA/heldout_prompts.jsonl" \
+        --minutes "${2:?MINUTES}" --gamma "${GAMMA:-16}" --layers "${LAYERS:-4}" --out "$WORK/run" \
+        > "$WORK/train.log" 2>&1 || { tail -n 30 "$WORK/train.log"; exit 1; }
+    grep -E "^\[train\] done|^\| (trained|untrained)" "$WORK/train.log" || tail -n 20 "$WORK/train.log"
+    ;;
+bench)
+    python3 -m splitserve.cli bench --draft "$WORK/run" --device cuda --dtype bfloat16 --compile \
+        --random --input-len "${INPUT_LEN:-7000}" --output-len "${OUTPUT_LEN:-1024}" --num-requests "${2:?REQUESTS}" \
+        --max-concurrency 1 --max-model-len 8192 --baseline --seed 0 --result-file "$WORK/bench.json" \
+        > "$WORK/bench.log" 2>&1 || { tail -n 30 "$WORK/bench.log"; exit 1; }
+    grep "^|" "$WORK/bench.log"
+    if [ -n "${OUT:-}" ]; then cp "$WORK/bench.json" "$WORK/bench.md" "$WORK/train.log" "$OUT"/ 2>/dev/null || true; fi
+    ;;
+esac
