@@ -30,6 +30,7 @@ INTEGRATION = {
     "test_sglang_backend.py::test_every_attribute": "parses the downloaded sglang wheel",
     "test_vllm_layout_contract.py": "downloads the vllm 0.33.0 wheel (cached) and runs its draft-input code",
     "test_sglang_layout_contract.py": "runs sglang 0.5.23's draft-input code from its downloaded wheel",
+    "test_hybrid_layout_contract.py": "runs both wheels' capture code for every served hybrid target class",
     "test_export_speculators.py::test_vllm_own": "reads the downloaded vllm wheel",
     "test_hybrid_serving.py::test_table_matches_vllm": "reads the downloaded vllm wheel",
     "test_gen_remote.py": "a live server, and gen runs killed and resumed in subprocesses",

@@ -12,7 +12,9 @@ not notice. The target is a tiny random Llama whose layers each move the residua
 (o_proj and down_proj scaled by LOUD), so that neighbouring layers are different inputs. It
 supplies the hidden states the engines capture; the reference sequence plays its greedy choices
 (a round accepts the longest drafted prefix that matches it; the next reference token is the
-bonus).
+bonus). `loud_hybrid_target` is the same for a hybrid target of tests/arch_matrix.py (gated
+DeltaNet, KDA or Mamba-2 layers among attention ones): every projection that writes into its
+residual stream is scaled by LOUD, and it captures HYBRID_LAYERS of its four layers.
 
 The draft is trained as tests/test_spec_decode.py's overfit test trains one (draft_loss over
 the sequence's captured record), in one thread: a few seconds per head.
@@ -22,18 +24,19 @@ Glossary: γ block, D hidden, m captured layers, T tokens, Hkv key/value heads, 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from tiny import tiny_draft, tiny_target
+from tiny import VOCAB, tiny_draft, tiny_target
 
-from splitserve.config import LossConfig
+from splitserve.config import LossConfig, TargetConfig
 from splitserve.export.names import checkpoint_name
 from splitserve.models.dspark import DSparkDraft
 from splitserve.records import HiddenRecord
-from splitserve.target.hf import decoder_layers
+from splitserve.target.hf import decoder_layers, wrap_hf_model
 from splitserve.train.step import collate, draft_loss
 
 GAMMA = 4
@@ -42,6 +45,8 @@ ALPHABET = (20, 40, 60, 80)  # the reference sequence's only tokens
 LOUD = 8.0
 STEPS = 300
 TRAINED_LAYERS = (1, 2, 4)
+HYBRID_LAYERS = (1, 2)  # of the hybrid targets' 4 layers (the last one is never captured)
+WRITERS = re.compile(r"(o_proj|out_proj|down_proj)(\.weight)?$")  # a layer's writes into the residual stream
 VARIANTS = {  # name -> DraftConfig keys (conf/draft/dspark_b16*.yaml's head types, and rank 0)
     "vanilla": dict(markov_rank=8, markov_head_type="vanilla"),
     "gated": dict(markov_rank=8, markov_head_type="gated"),
@@ -74,20 +79,40 @@ def reference() -> Reference:
     return Reference(tokens[:7], tokens)
 
 
-@functools.lru_cache(maxsize=None)
-def loud_target(layer_ids: tuple[int, ...] = TRAINED_LAYERS):
-    target = tiny_target(seed=7, layer_ids=layer_ids)
+def _loud(target):
+    """Scale each layer's writes into the residual stream (attention o_proj, a recurrent mixer's
+    out_proj or o_proj, MLP and expert down_proj) by LOUD."""
     with torch.no_grad():
-        for layer in decoder_layers(target.decoder, target.info.num_layers):
-            layer.self_attn.o_proj.weight.mul_(LOUD)
-            layer.mlp.down_proj.weight.mul_(LOUD)
+        for name, param in decoder_layers(target.decoder, target.info.num_layers).named_parameters():
+            if WRITERS.search(name):
+                param.mul_(LOUD)
     return target
 
 
 @functools.lru_cache(maxsize=None)
-def overfit(variant: str) -> DSparkDraft:
-    """A draft trained on reference() until it drafts every block of it (the tests check that)."""
-    target, ref = loud_target(), reference()
+def loud_target(layer_ids: tuple[int, ...] = TRAINED_LAYERS):
+    return _loud(tiny_target(seed=7, layer_ids=layer_ids))
+
+
+@functools.lru_cache(maxsize=None)
+def loud_hybrid_target(arch: str):
+    """tests/arch_matrix.py's tiny `arch` (a key of its ARCHS) at tiny.VOCAB tokens, its lm_head
+    x20 as tiny_target's, LOUD, capturing HYBRID_LAYERS."""
+    from arch_matrix import build_config
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(7)
+    model = AutoModelForCausalLM.from_config(build_config(arch, VOCAB, bos=1, eos=2)).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(20.0)
+    return _loud(wrap_hf_model(model, TargetConfig(name=arch, layer_ids=list(HYBRID_LAYERS))))
+
+
+@functools.lru_cache(maxsize=None)
+def overfit(variant: str, arch: str | None = None) -> DSparkDraft:
+    """A draft trained on reference() until it drafts every block of it (the tests check that):
+    over loud_target()'s hidden states, or loud_hybrid_target(arch)'s."""
+    target, ref = (loud_target() if arch is None else loud_hybrid_target(arch)), reference()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: thread hand-offs cost more than the work
     try:

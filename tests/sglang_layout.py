@@ -151,13 +151,13 @@ def launch_flags(command: str) -> dict[str, str]:
     return {w[2:]: words[i + 1] for i, w in enumerate(words) if w.startswith("--") and i + 1 < len(words)}
 
 
-def capture_layer_ids(export_dir: Path, hf, num_target_layers: int) -> list[int]:
+def capture_layer_ids(export_dir: Path, hf, num_target_layers: int, model_type: str = "llama") -> list[int]:
     """The target layer ids SGLang resolves for DSPARK (_resolve_dflash_aux_hidden_state, run with
-    the export as the draft model)."""
+    the export as the draft model, for a target of `model_type`)."""
     rel = release()
     config = rel.capture["SpecAuxHiddenStateConfig"](is_dspark=True)
     model_config = SimpleNamespace(hf_text_config=SimpleNamespace(num_hidden_layers=num_target_layers),
-                                   hf_config=SimpleNamespace(model_type="llama"))
+                                   hf_config=SimpleNamespace(model_type=model_type))
     server_args = SimpleNamespace(draft=SimpleNamespace(hf_config=hf))  # the draft ModelConfig it builds
     algo = SimpleNamespace(is_dflash_family=lambda: True, is_dspark=lambda: True)
     with release_imports({"sglang.srt.speculative.dflash_utils": {"parse_dflash_draft_config": rel.parse_dflash},
@@ -312,9 +312,11 @@ class DraftRunner:
 
 
 class SglangEngine:
-    """served_rounds' engine interface over SGLang's own injector, verify window and proposer."""
+    """served_rounds' engine interface over SGLang's own injector, verify window and proposer.
+    `capture(num_layers, layer_ids)` builds the target's capture (default: the Llama target's,
+    target_capture; tests/sglang_hybrid.py has the hybrid model classes')."""
 
-    def __init__(self, export_dir: Path, command: str, compute: DraftCompute, target, hf=None):
+    def __init__(self, export_dir: Path, command: str, compute: DraftCompute, target, hf=None, capture=None):
         from safetensors.torch import load_file
         from transformers import AutoConfig
 
@@ -332,8 +334,8 @@ class SglangEngine:
         self.model = StandInDraftModel(compute, sglang_model, embed)
         causal = any(rel.layer_attention(self.hf, i)[1].name == "DECODER" for i in range(self.hf.num_hidden_layers))
         self.runner = DraftRunner(self.model, causal)
-        self.layer_ids = capture_layer_ids(export_dir, self.hf, target.info.num_layers)
-        self.capture = target_capture(target.info.num_layers, self.layer_ids)
+        self.layer_ids = capture_layer_ids(export_dir, self.hf, target.info.num_layers, target.config.model_type)
+        self.capture = (capture or target_capture)(target.info.num_layers, self.layer_ids)
         self.offsets = rel.ns["build_block_pos_offsets"](length=self.verify_width, device="cpu")
         self.target_runner = SimpleNamespace(device="cpu", kv_index_translator=self.runner.kv_index_translator,
                                              prefill_attention_backend_str="torch_native")

@@ -284,12 +284,17 @@ def speculator(view: VllmView, compute: DraftCompute):
 class VllmEngine:
     """served_rounds' engine interface over vLLM's own propose(): each target step (the prefill,
     then each verify) hands propose the tokens it scheduled, their captured hidden states, and
-    how many of them were rejected, exactly as the model runner does."""
+    how many of them were rejected, exactly as the model runner does. `capture(num_layers, view)`
+    builds the target's capture (default: the Llama target's, target_capture over view.aux_layers;
+    tests/vllm_hybrid.py has the hybrid model classes')."""
 
-    def __init__(self, export_dir: Path, command: str, compute: DraftCompute, target):
+    def __init__(self, export_dir: Path, command: str, compute: DraftCompute, target, capture=None):
         self.view = read_export(export_dir, command)
         self.spec = speculator(self.view, compute)
-        self.capture = target_capture(target.info.num_layers, self.view.aux_layers)
+        if capture is None:
+            self.capture = target_capture(target.info.num_layers, self.view.aux_layers)
+        else:
+            self.capture = capture(target.info.num_layers, self.view)
         self.target = target
         self.steps: list[dict] = []  # what the kernel wrote each step, for the contract tests
 
