@@ -140,9 +140,9 @@ def load_models(models: ModelsConfig, meta: DraftMeta | None = None, shared_weig
     from splitserve.target import hf, shared_weights
 
     meta = meta or read_draft_meta(models.draft)
-    if not get_family(meta.family).serves:
+    if not shared_weights_only and not get_family(meta.family).serves:  # an export drafts nothing
         raise UserError(f"draft {meta.path} is a draft.family={meta.family} draft: it trains and checkpoints, "
-                        "but evaluation, serving and exports do not draft with it yet")
+                        "but evaluation and serving do not draft with it yet")
     check_draft_layers(meta)
     tcfg = target_config_for(meta, models)
     if shared_weights_only:

@@ -32,6 +32,7 @@ INTEGRATION = {
     "test_sglang_layout_contract.py": "runs sglang 0.5.23's draft-input code from its downloaded wheel",
     "test_hybrid_layout_contract.py": "runs both wheels' capture code for every served hybrid target class",
     "test_export_speculators.py::test_vllm_own": "reads the downloaded vllm wheel",
+    "test_export_eagle3_engines.py": "runs vllm 0.33.0's and sglang 0.5.23's EAGLE-3 code from their downloaded wheels",
     "test_hybrid_serving.py::test_table_matches_vllm": "reads the downloaded vllm wheel",
     "test_gen_remote.py": "a live server, and gen runs killed and resumed in subprocesses",
     "test_data.py::test_chitchat_conversion": "converts all 7,168 chitchat conversations",

@@ -14,7 +14,8 @@ def export_parser() -> tuple[argparse.ArgumentParser, Flags]:
 
     p = new_parser(prog="splitserve export", description="Export a trained draft as an HF checkpoint "
                                 "(default), as the speculators checkpoint vLLM serves (--format speculators), "
-                                "or as the checkpoint SGLang's DSPARK loader reads (--format sglang).")
+                                "or as the checkpoint SGLang's DSPARK loader reads (--format sglang). An EAGLE-3 "
+                                "draft exports as speculators (vLLM eagle3) or sglang (SGLang EAGLE3) only.")
     f = Flags(p)
     f.add(ExportCommand, "run_dir", help="a training run directory (its newest checkpoint) or an exported draft")
     f.add(ExportCommand, "out_dir", help="where the checkpoint is written (refused if not empty, unless --force)")
@@ -36,7 +37,12 @@ def export_main(argv: list[str]) -> None:
     from splitserve.config import ExportCommand, ModelsConfig
 
     cmd = f.build(ExportCommand, args)
-    if cmd.format == "sglang" and (cmd.keep_fp32 or cmd.algorithm == "dflash"):
+    eagle3 = _family(cmd.run_dir) == "eagle3"
+    if eagle3:  # its options are refused before anything loads, as DSpark's below
+        from splitserve.export.eagle3 import refuse_options as refuse_eagle3_options
+
+        refuse_eagle3_options(cmd.format, cmd.algorithm, cmd.keep_fp32)
+    elif cmd.format == "sglang" and (cmd.keep_fp32 or cmd.algorithm == "dflash"):
         from splitserve.export.sglang import refuse_options
 
         refuse_options(cmd.algorithm, cmd.keep_fp32)
@@ -63,6 +69,9 @@ def export_main(argv: list[str]) -> None:
 
         # what the server opens
         served_target = str(Path(resolve_target_path(target_config_for(meta, models).path)).resolve())
+    if eagle3:
+        _export_eagle3(cmd, meta, draft, target, served_target, max_pos)
+        return
     if cmd.format == "speculators":
         import torch
 
@@ -94,10 +103,39 @@ def export_main(argv: list[str]) -> None:
     print(f"exported {cmd.run_dir} ({meta.kind}) -> {out}" + (" with STS calibration" if calibration else ""))
 
 
-def _print_installed_warning(engine: str) -> None:
-    """One line when the engine installed here builds another draft block than the one checked."""
+def _family(run_dir: str) -> str | None:
+    """The draft family a run directory's draft_arch.json names, read alone (no weights, no arch);
+    None for anything else: an export directory (DSpark's) or one refused later, in order."""
+    import json
+
+    from splitserve.models.run_files import ARCH_FILE
+
+    try:
+        return json.loads((Path(run_dir) / ARCH_FILE).read_text()).get("family", "dspark")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _export_eagle3(cmd, meta, draft, target, served_target: str, max_pos: int) -> None:
+    import torch
+
+    from splitserve.export.eagle3 import ENGINE, LAYOUT_NAME, export_eagle3, serve_command
+    from splitserve.export.engine_versions import checked_line
+
+    exp = export_eagle3(draft, cmd.out_dir, cmd.format, served_target, list(target.config.architectures or []),
+                        max_pos, torch.float32 if cmd.keep_fp32 else torch.bfloat16)
+    engine = ENGINE[cmd.format]
+    print(f"exported {cmd.run_dir} ({meta.kind}) -> {exp.out_dir} in {LAYOUT_NAME[cmd.format]}; captured layers "
+          f"{list(draft.arch.target_layer_ids)} written as {list(exp.layer_ids)}")
+    print(f"{checked_line(engine, 'eagle3')}\n{serve_command(exp, served_target)}")
+    _print_installed_warning(engine, "eagle3")
+
+
+def _print_installed_warning(engine: str, family: str = "dspark") -> None:
+    """One line when the engine installed here builds another draft block than the one checked
+    (an EAGLE-3 export: when it is another release than the one checked)."""
     from splitserve.export.engine_versions import installed_warning
 
-    line = installed_warning(engine)
+    line = installed_warning(engine, family)
     if line:
         print(line)

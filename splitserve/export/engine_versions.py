@@ -44,6 +44,20 @@ CHECKED = {
         "DraftBlockProposer.propose with SGLang's own Markov heads, TargetVerifyExecutor.commit_hidden"),
 }
 
+# An EAGLE-3 export has no draft block: what ran against it is the engine's EAGLE-3 config and
+# loader code and its capture of the aux layers (tests/test_export_eagle3*.py, docs/deploy.md#eagle-3).
+CHECKED_EAGLE3 = {
+    "vllm": EngineRelease(
+        "vllm", "0.33.0",
+        "update_eagle3 and SpeculatorsConfig (config.json -> the draft's config), get_eagle3_aux_layers_from_config "
+        "and the Llama capture loop"),
+    "sglang": EngineRelease(
+        "sglang", "0.5.23",
+        "LlamaForCausalLMEagle3 (load_weights, the d2t hot-token map, its forward), _resolve_eagle_aux_hidden_state, "
+        "set_eagle3_layers_to_capture and the Llama capture loop"),
+}
+EAGLE3_DOCS = "docs/deploy.md#eagle-3"
+
 # vLLM builds whose speculators config loader hard-codes the 1+N block (the anchor as a bonus
 # token, γ+1 query rows, row k read as the token at p+k) whatever the checkpoint's
 # sample_from_anchor says: every slot is then read one token late. Reported for 0.25.2 in public
@@ -54,14 +68,17 @@ VLLM_CONFIG_LOADER = "vllm/transformers_utils/configs/speculators/algos.py"  # w
 _BONUS_ANCHOR_HARD_CODED = re.compile(r"""\[\s*["']dspark_bonus_anchor["']\s*\]\s*=\s*True\b""")
 
 
-def layout_checked(engine: str) -> dict[str, str]:
+def layout_checked(engine: str, family: str = "dspark") -> dict[str, str]:
     """What an export records under config.json's `splitserve` key."""
-    r = CHECKED[engine]
+    r = (CHECKED_EAGLE3 if family == "eagle3" else CHECKED)[engine]
     return {"engine": r.engine, "version": r.version}
 
 
-def checked_line(engine: str) -> str:
+def checked_line(engine: str, family: str = "dspark") -> str:
     """The comment printed above the serve command."""
+    if family == "eagle3":
+        r = CHECKED_EAGLE3[engine]
+        return f"# EAGLE-3 layout and captured layers checked against {r.engine}=={r.version} ({EAGLE3_DOCS})"
     r = CHECKED[engine]
     return f"# draft block layout checked against {r.engine}=={r.version} ({DOCS})"
 
@@ -71,11 +88,19 @@ def bonus_anchor_hard_coded(config_loader_source: str) -> bool:
     return bool(_BONUS_ANCHOR_HARD_CODED.search(config_loader_source))
 
 
-def layout_warning(engine: str, version: str | None, config_loader_source: str | None = None) -> str | None:
+def layout_warning(engine: str, version: str | None, config_loader_source: str | None = None,
+                   family: str = "dspark") -> str | None:
     """One line about serving with `engine` `version` (None: not installed); None when there is
-    nothing to say (the checked release, or no engine)."""
+    nothing to say (the checked release, or no engine). An EAGLE-3 draft has no block to build
+    late: only a release other than the checked one is noted."""
     if version is None:
         return None
+    if family == "eagle3":
+        checked = CHECKED_EAGLE3[engine].version
+        if version == checked:
+            return None
+        return (f"note: the installed {engine} {version} is not the release this EAGLE-3 export was checked against "
+                f"({engine}=={checked}); {EAGLE3_DOCS} says what was checked")
     pin = f"{engine}=={CHECKED[engine].version}"
     why = OTHER_LAYOUT.get((engine, version))
     if why is None and engine == "vllm" and config_loader_source and bonus_anchor_hard_coded(config_loader_source):
@@ -104,6 +129,6 @@ def installed(engine: str) -> tuple[str | None, str | None]:
     return dist.version, source
 
 
-def installed_warning(engine: str) -> str | None:
+def installed_warning(engine: str, family: str = "dspark") -> str | None:
     """layout_warning for the engine installed where the export runs."""
-    return layout_warning(engine, *installed(engine))
+    return layout_warning(engine, *installed(engine), family=family)
