@@ -239,3 +239,14 @@ def test_refusals_name_the_layouts_that_hold_an_eagle3_draft():
     refuse_options("speculators", None, True)  # float32 is fine for speculators
     with pytest.raises(UserError, match="cannot be exported with --format hf"):
         export_eagle3(eagle3_draft()[1], "/nonexistent/never-written", "hf")
+
+
+def test_a_target_the_eagle3_checks_never_covered_gets_a_note():
+    from transformers import AutoConfig, LlamaConfig
+
+    from splitserve.export.eagle3 import unchecked_target_note
+
+    assert unchecked_target_note(LlamaConfig()) is None
+    note = unchecked_target_note(AutoConfig.for_model("qwen3_next"))
+    assert note.startswith("note: EAGLE-3 exports were checked with dense targets only") and "\n" not in note
+    assert "qwen3_next" in note

@@ -119,7 +119,7 @@ def _family(run_dir: str) -> str | None:
 def _export_eagle3(cmd, meta, draft, target, served_target: str, max_pos: int) -> None:
     import torch
 
-    from splitserve.export.eagle3 import ENGINE, LAYOUT_NAME, export_eagle3, serve_command
+    from splitserve.export.eagle3 import ENGINE, LAYOUT_NAME, export_eagle3, serve_command, unchecked_target_note
     from splitserve.export.engine_versions import checked_line
 
     exp = export_eagle3(draft, cmd.out_dir, cmd.format, served_target, list(target.config.architectures or []),
@@ -128,6 +128,9 @@ def _export_eagle3(cmd, meta, draft, target, served_target: str, max_pos: int) -
     print(f"exported {cmd.run_dir} ({meta.kind}) -> {exp.out_dir} in {LAYOUT_NAME[cmd.format]}; captured layers "
           f"{list(draft.arch.target_layer_ids)} written as {list(exp.layer_ids)}")
     print(f"{checked_line(engine, 'eagle3')}\n{serve_command(exp, served_target)}")
+    note = unchecked_target_note(target.config)
+    if note:
+        print(note)
     _print_installed_warning(engine, "eagle3")
 
 

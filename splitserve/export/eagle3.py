@@ -59,6 +59,7 @@ from safetensors.torch import load_file, save_file
 
 from splitserve.errors import UserError
 from splitserve.export.engine_versions import layout_checked
+from splitserve.export.hybrid_serving import listed_kind
 from splitserve.export.names import ascending_layers
 from splitserve.export.sglang import FP32_REFUSED, SGLANG_VERSION
 from splitserve.export.speculators import SPECULATORS_VERSION
@@ -221,6 +222,16 @@ def read_vocab_map(export_dir: str | Path) -> VocabMap | None:
     if "t2d" in w:
         return VocabMap(w["d2t"], w["t2d"]).check()
     return VocabMap.from_ids(w["d2t"] + torch.arange(w["d2t"].numel()), vocab)
+
+
+def unchecked_target_note(target_config) -> str | None:
+    """One line for a target the EAGLE-3 checks never covered: the hybrid, MLA and attention-sink
+    kinds export/hybrid_serving.py lists (for DSpark drafts). None for a dense one."""
+    kind = listed_kind(target_config)
+    if kind is None:
+        return None
+    return (f"note: EAGLE-3 exports were checked with dense targets only; this target ({kind}) was not, "
+            "and neither engine's EAGLE-3 capture of it was run (docs/deploy.md#eagle-3)")
 
 
 def serve_command(export: Eagle3Export, target_path: str) -> str:

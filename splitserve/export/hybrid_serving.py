@@ -161,6 +161,13 @@ def _row(config: Any) -> TargetServing | None:
     return TABLE.get(model_type)
 
 
+def listed_kind(target_config: Any) -> str | None:
+    """What the table says a listed target mixes ("qwen3_next: gated DeltaNet + attention"), None
+    for a target it does not list (a dense one)."""
+    row = _row(target_config)
+    return None if row is None else f"{row.model_type.split('/')[0]}: {row.layers}"
+
+
 def serving_notes(target_config: Any, fmt: str) -> tuple[list[str], str | None]:
     """What a `--format fmt` export for this target adds to its launch command.
 
