@@ -69,6 +69,8 @@ from splitserve.models.vocab_map import VocabMap
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"  # models/llama_eagle3.py EntryClass
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"  # Eagle3SpeculatorConfig's default
 FORMATS = ("speculators", "sglang")
+ENGINE = {"speculators": "vllm", "sglang": "sglang"}  # the engine each layout is served by
+LAYOUT_NAME = {"speculators": "the speculators EAGLE-3 layout (vLLM)", "sglang": f"SGLang {SGLANG_VERSION} EAGLE3"}
 SHARED = ("target_lm_head.",)  # the target's lm_head: training reads it, no engine does
 
 
@@ -247,6 +249,3 @@ def serve_command(export: Eagle3Export, target_path: str) -> str:
                  f"--speculative-num-draft-tokens {export.steps + 1}"]
     return " \\\n    ".join(parts)
 
-
-ENGINE = {"speculators": "vllm", "sglang": "sglang"}
-LAYOUT_NAME = {"speculators": "the speculators EAGLE-3 layout (vLLM)", "sglang": f"SGLang {SGLANG_VERSION} EAGLE3"}
