@@ -67,6 +67,12 @@ class Eagle3Arch:
     def aux_dim(self) -> int:
         return len(self.target_layer_ids) * self.hidden_size
 
+    @property
+    def block_size(self) -> int:
+        """γ: the tokens a served round drafts, one chain step each; the depth it was trained to
+        chain (speculative/eagle3_chain.py)."""
+        return self.ttt_steps
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["target_layer_ids"] = list(self.target_layer_ids)
@@ -174,6 +180,8 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
+    confidence = None  # no confidence head: a served round verifies its whole chain
+
     def __init__(self, arch: Eagle3Arch):
         super().__init__()
         self.arch = a = arch

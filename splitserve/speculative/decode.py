@@ -2,12 +2,14 @@
 
 State between rounds, for committed tokens x_0 .. x_p (x_p = last target output, "anchor"):
     target KV cache     covers x_0 .. x_{p-1}
-    draft context K/V   covers the target's captured hidden states at 0 .. p-1
+    drafter             the draft family's state (drafter.py): DSpark's context K/V covers the
+                        target's captured hidden states at 0 .. p-1; EAGLE-3's own KV cache reads them
 One round:
-    1. draft:   d_1..d_γ from block [x_p, M, ..., M] at positions p .. p+γ-1
+    1. draft:   d_1..d_γ (DSpark: from block [x_p, M, ..., M] at positions p .. p+γ-1; EAGLE-3: a chain)
     2. verify:  target forward on [x_p, d_1..d_γ] -> q_0..q_γ (one pass, γ+1 tokens)
     3. accept:  n tokens + 1 bonus (greedy or rejection sampling); τ_round = n + 1
-    4. commit:  crop target cache to p+n+1, append draft context for positions p..p+n
+    4. commit:  crop target cache to p+n+1, tell the drafter the captures at p..p+n and the
+                tokens x_{p+1}..x_{p+n+1} that followed them
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitserve.models.build import check_compatible
 from splitserve.models.dspark import DSparkDraft
-from splitserve.speculative.context import DynamicDraftContext
+from splitserve.models.eagle3 import Eagle3Draft
+from splitserve.speculative.drafter import reference_drafter
 from splitserve.speculative.verify import target_probs, verify_block
 from splitserve.target.backend import DecodingTarget, require_decoding
 
@@ -39,8 +43,9 @@ def _stop_at(tokens: list[int], eos_ids: AbstractSet[int], limit: int) -> tuple[
 
 
 class SpecDecoder:
-    def __init__(self, target: DecodingTarget, draft: DSparkDraft):
+    def __init__(self, target: DecodingTarget, draft: DSparkDraft | Eagle3Draft):
         self.target, self.draft = require_decoding(target, "speculative decoding"), draft
+        check_compatible(draft.arch, self.target.info, where="the draft")
         self.gamma = draft.arch.block_size
 
     @torch.no_grad()
@@ -60,16 +65,16 @@ class SpecDecoder:
         cache = self.target.new_cache()
         prompt = torch.tensor([prompt_ids], device=dev)
         logits, cap = self.target.forward_cached(prompt, cache, logits_from=prompt.shape[1] - 1)
-        ctx = DynamicDraftContext(self.draft)
-        ctx.append(cap.aux, 0)
         anchor = pick_token(logits[0, -1], temperature, generator)
+        drafter = reference_drafter(self.draft)  # this request's draft state
+        drafter.commit(cap.aux, 0, torch.cat([prompt[0, 1:], anchor.view(1)]), len(prompt_ids) - 1)
         out, accepts, confidences = [int(anchor)], [], []
         p = len(prompt_ids)  # position of the anchor
         while True:
             out, done = _stop_at(out, eos_ids, max_new_tokens)
             if done:
                 return SpecResult(out, accepts, confidences)
-            d_tok, d_prob, conf = self.draft.draft(ctx.kv, anchor, p, temperature, generator)
+            d_tok, d_prob, conf = drafter.propose(anchor, p, temperature, generator)
             if record_confidence and conf is not None:
                 confidences.append(conf.tolist())
             verify_in = torch.cat([anchor.view(1), d_tok])[None]  # (1, γ+1)
@@ -77,8 +82,9 @@ class SpecDecoder:
             n, bonus = verify_block(d_tok, d_prob, logits[0], temperature, generator)
             n_acc = int(n)  # the one host read per round: how many tokens to commit
             self.target.crop_cache(cache, p + n_acc + 1)
-            ctx.append(cap.aux[:, : n_acc + 1], p)
-            out += d_tok[:n_acc].tolist() + [int(bonus)]
+            committed = torch.cat([d_tok[:n_acc], bonus.view(1)])  # (n+1,): x_{p+1} .. x_{p+n+1}
+            drafter.commit(cap.aux[:, : n_acc + 1], p, committed, n_acc)
+            out += committed.tolist()
             accepts.append(n_acc)
             anchor, p = bonus, p + n_acc + 1
 

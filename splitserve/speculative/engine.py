@@ -2,17 +2,20 @@
 
 Device state between rounds, for committed tokens x_0 .. x_p (p = `seq_len`):
     target cache   StaticKVCache, slots 0..p-1 committed, slots >= p stale or empty
-    draft context  StaticDraftContext, slots 0..p-1 committed (the target's captures there)
+    drafter        the draft family's state (speculative/drafter.py): DSpark's StaticDraftContext,
+                   slots 0..p-1 committed (the target's captures there); EAGLE-3's own KV cache
     anchor ()      x_p, the last target output, in neither cache yet
     seq_len ()     p
     out (γ+2,)     [n, committed tokens of the last round, padding]
 One speculative round (`_spec_round`) touches only these buffers and every shape in it is fixed
 by γ and the attention window W (the first W slots of both caches; W covers p+γ), so it is
 captured as one CUDA graph per window:
-    1. draft   d_1..d_γ from [x_p, M, ..., M] at p..p+γ-1, context slots < p visible
+    1. draft   d_1..d_γ (`drafter.propose`; DSpark: from [x_p, M, ..., M] at p..p+γ-1, context
+               slots < p visible; EAGLE-3: a chain of γ steps)
     2. verify  target on [x_p, d_1..d_γ] at p..p+γ (writes γ+1 cache slots)
     3. accept  n draft tokens + bonus (greedy or rejection sampling, on the device)
-    4. commit  draft context written at p..p+γ (all γ+1; slots > p+n stay hidden),
+    4. commit  the drafter told what was committed (`drafter.commit`: all γ+1 captures and the
+               committed tokens; DSpark writes its context at p..p+γ, slots > p+n stay hidden),
                seq_len += n + 1, anchor = bonus, out = [n, d_1..d_n, bonus, ...]
 Rejected tokens are never cropped: the next round starts at the new p, whose masks hide every
 slot at or above it until it is overwritten. The host reads `out` once per round (the tokens to
@@ -47,11 +50,13 @@ from functools import partial
 import torch
 
 from splitserve.config import EngineConfig
+from splitserve.models.build import check_compatible
 from splitserve.models.dspark import DSparkDraft
+from splitserve.models.eagle3 import Eagle3Draft
 from splitserve.speculative import verify as verify_kernels
 from splitserve.speculative import verify as verify_reference
-from splitserve.speculative.context import StaticDraftContext
 from splitserve.speculative.decode import pick_token
+from splitserve.speculative.drafter import engine_drafter
 from splitserve.speculative.host_reads import HostReads
 from splitserve.speculative.schedule import SCHEDULES, choose_prefix, linear_cost, prefix_survival, truncate_verify
 from splitserve.speculative.verify import verify_block
@@ -123,10 +128,13 @@ OnTokens = Callable[[list[int]], bool]  # new committed tokens -> keep going?
 
 
 class Engine:
-    def __init__(self, target: DecodingTarget, draft: DSparkDraft | None, cfg: EngineConfig | None = None):
+    def __init__(self, target: DecodingTarget, draft: DSparkDraft | Eagle3Draft | None,
+                 cfg: EngineConfig | None = None):
         self.cfg = cfg = cfg or EngineConfig()
         target = native_target(require_decoding(target, "the serving engine"), cfg.decoder, cfg.weight_format,
                                cfg.native_products)
+        if draft is not None:  # a draft made for another target: one line, before any state is built
+            check_compatible(draft.arch, target.info, where="the draft")
         self.target, self.draft = target, draft
         self.device = target.device
         max_pos = target.max_positions
@@ -135,9 +143,6 @@ class Engine:
         # γ+1 spare slots: a round at p <= max_context-1 writes up to p+γ.
         self.capacity = self.max_context + self.gamma + 1
         self.cache = target.new_static_cache(self.capacity)
-        self.ctx = None
-        if draft is not None:
-            self.ctx = StaticDraftContext(draft, self.capacity, self.device, next(draft.parameters()).dtype)
         dev = self.device
         self.seq_len = torch.zeros((), dtype=torch.long, device=dev)
         self.anchor = torch.zeros((), dtype=torch.long, device=dev)
@@ -163,6 +168,10 @@ class Engine:
         if cfg.draft_attention not in ("kernel", "sdpa"):
             raise ValueError(f"draft_attention must be kernel or sdpa, got {cfg.draft_attention!r}")
         self._draft_attend = decode_attention if cfg.draft_attention == "kernel" else None
+        self.drafter = None
+        if draft is not None:
+            self.drafter = engine_drafter(draft, self.capacity, dev, self._draft_attend, cfg.markov_topk,
+                                          cfg.markov_kernel)
         impl = verify_kernels if cfg.verify_kernel == "auto" else verify_reference
         self._verify_fns = {"greedy": impl.greedy_verify, "sampling": impl.sampling_verify}
         self._init_schedule(cfg)
@@ -211,11 +220,11 @@ class Engine:
             limit = choose_prefix(prefix_survival(conf, self._conf_temps), self._cost)  # (): L in 0..γ
             n, bonus = truncate_verify(n, bonus, limit, logits[0], temperature, self.generator, top_k, top_p)
             self.verify_len.copy_(limit)
-        self.ctx.write(cap.aux, pos)
         if self.conf_out is not None:
             self.conf_out.copy_(conf)
         # [d_1..d_n, bonus, bonus, ...]: slot k < n holds d_{k+1}, the rest the bonus.
         committed = torch.where(self._offsets < n, verify_in.roll(-1), bonus)  # (γ+1,)
+        self.drafter.commit(cap.aux, p, committed, n, window)  # before seq_len moves: p is that buffer
         self.out.copy_(torch.cat([n.view(1), committed]))
         self.seq_len.add_(n + 1)
         self.anchor.copy_(bonus)
@@ -223,14 +232,7 @@ class Engine:
     def _draft_block(self, temperature: float, window: int):
         """The draft's γ tokens after the anchor at p = seq_len: tokens (γ,), probabilities (γ, V)
         or None (greedy), confidences (γ,) or None."""
-        p = self.seq_len
-        if self._draft_attend is not None:  # the block written at slots p..p+γ-1, read in place
-            ctx, mask = self.ctx.kv, None
-        else:
-            ctx, mask = self.ctx.window(window), self.ctx.block_mask(p, window)
-        return self.draft.draft(ctx, self.anchor, p, temperature, self.generator, ctx_mask=mask,
-                                markov_topk=self.cfg.markov_topk, markov_kernel=self.cfg.markov_kernel,
-                                attend=self._draft_attend, window=window)
+        return self.drafter.propose(self.anchor, self.seq_len, temperature, self.generator, window)
 
     def _ar_step(self, temperature: float, window: int, trunc: tuple[int, float] = (0, 1.0)) -> None:
         p = self.seq_len  # (); p < window
@@ -298,9 +300,9 @@ class Engine:
         pos = torch.arange(len(prompt_ids), device=self.device)  # (P,)
         self.cache.reset()  # recurrent states from zero (attention slots need nothing)
         logits, cap = self.target.forward_static(ids, self.cache, pos, logits_from=len(prompt_ids) - 1)
-        if self.ctx is not None:
-            self.ctx.write(cap.aux, pos)
         self.anchor.copy_(pick_token(logits[0, -1], temperature, self.generator, *trunc))
+        if self.drafter is not None:  # the prompt's captures, each with the token after it
+            self.drafter.commit(cap.aux, 0, torch.cat([ids[0, 1:], self.anchor.view(1)]), len(prompt_ids) - 1)
         self.seq_len.fill_(len(prompt_ids))
 
     @torch.no_grad()
