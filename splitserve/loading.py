@@ -133,10 +133,11 @@ def check_draft_layers(meta: DraftMeta) -> None:
 
 
 def load_models(models: ModelsConfig, meta: DraftMeta | None = None, shared_weights_only: bool = False):
-    """-> (target, DSparkDraft), both on the target's device and dtype, in eval mode. The draft is
-    checked against the target's config.json before any target weight is read. `meta`: the
-    draft's metadata when the command has read it already. `shared_weights_only`: the target as
-    its embedding and lm_head alone (SharedWeightsTarget; what an export needs), not the model."""
+    """-> (target, the draft: its family's module), both on the target's device and dtype, in eval
+    mode. The draft is checked against the target's config.json before any target weight is read.
+    `meta`: the draft's metadata when the command has read it already. `shared_weights_only`: the
+    target as its embedding and lm_head alone (SharedWeightsTarget; what an export needs), not the
+    model."""
     from splitserve.target import hf, shared_weights
 
     meta = meta or read_draft_meta(models.draft)

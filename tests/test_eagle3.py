@@ -162,8 +162,7 @@ def test_registry_refuses_unknown_families_and_misfit_losses_in_one_line(target)
         objective_for(RunConfig(draft=DraftConfig(family="eagle3")))
     from splitserve.config import compose
 
-    with pytest.raises(UserError, match="set eval.enabled=false$"):  # before training, not after it
-        objective_for(compose(["draft=eagle3", "eval.enabled=true"]))
+    objective_for(compose(["draft=eagle3", "eval.enabled=true"]))  # the held-out evaluation drafts with it
     with pytest.raises(UserError, match="draft.ttt_steps=0: must be positive"):
         objective_for(compose(["draft=eagle3", "draft.ttt_steps=0"]))
     with pytest.raises(UserError, match="loss.kind=ttt is EAGLE-3's"):
@@ -181,7 +180,7 @@ def test_draft_eagle3_composes_its_family_capture_and_loss():
     cfg = compose(["draft=eagle3"])
     assert (cfg.draft.family, cfg.draft.num_layers, cfg.draft.ttt_steps, cfg.draft.ttt_decay) == ("eagle3", 1, 3, 0.8)
     assert (cfg.loss.kind, cfg.loss.kl_weight, cfg.loss.ce_weight, cfg.loss.tv_weight) == ("ttt", 1.0, 0.0, 0.0)
-    assert cfg.target.num_capture_layers == 3 and not cfg.eval.enabled
+    assert cfg.target.num_capture_layers == 3 and cfg.eval.enabled
     assert compose(["draft=dflash_b8"]).draft.family == "dflash" and compose([]).loss.kind == "paper"
 
 

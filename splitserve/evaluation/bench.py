@@ -179,7 +179,8 @@ def _dataset(cfg: BenchConfig, target: DecodingTarget, draft) -> tuple[list[list
                       longest + cfg.output_len, target.max_positions)
         return ids, target.eos_ids(), {"name": "prompts", "path": cfg.prompts, "num_prompts": len(ids),
                                        "mean_input_len": statistics.fmean(map(len, ids))}  # EOS as the server
-    avoid = {draft.arch.mask_token_id} if draft is not None else set()
+    mask = getattr(draft.arch, "mask_token_id", None) if draft is not None else None  # EAGLE-3 has none
+    avoid = {mask} if mask is not None else set()
     rp = random_prompts(tokenizer, target.info.vocab_size, cfg.num_requests, cfg.input_len, cfg.seed,
                         cfg.random_source, avoid)
     return rp.ids, frozenset(), {"name": "random", "source": cfg.random_source, "input_len": cfg.input_len,

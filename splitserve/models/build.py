@@ -172,4 +172,4 @@ def _describe_eagle3(a: Eagle3Arch) -> str:
 
 register(DraftFamily("dspark", DSparkArch, DSparkDraft, resolve_dspark, _describe_dspark))
 register(DraftFamily("dflash", DSparkArch, DSparkDraft, resolve_dflash, _describe_dspark))
-register(DraftFamily("eagle3", Eagle3Arch, Eagle3Draft, resolve_eagle3, _describe_eagle3, serves=False))
+register(DraftFamily("eagle3", Eagle3Arch, Eagle3Draft, resolve_eagle3, _describe_eagle3))

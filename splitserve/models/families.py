@@ -9,7 +9,8 @@ A family is chosen in config (`draft.family`) and names what the rest of the cod
               frozen weights in, trainable_state_dict() is what a checkpoint holds
     resolve   (DraftConfig, TargetInfo, the target's HF config, tokenizer) -> arch
     describe  arch -> one line for the training log
-    serves    whether the speculative engine drafts with it yet (eval, serve, bench)
+    serves    whether the speculative round drafts with it (eval, serve, bench): its drafter in
+              speculative/drafter.py
 
 Families register in models/build.py, next to their resolvers. How a training batch becomes the
 family's loss is the training side of the same seam (train/objectives.py, keyed by family name),
