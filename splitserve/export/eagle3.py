@@ -62,7 +62,7 @@ from splitserve.export.engine_versions import layout_checked
 from splitserve.export.hybrid_serving import listed_kind
 from splitserve.export.names import ascending_layers
 from splitserve.export.sglang import FP32_REFUSED, SGLANG_VERSION
-from splitserve.export.speculators import SPECULATORS_VERSION
+from splitserve.export.speculators import SPECULATORS_VERSION, decoder_shape
 from splitserve.models.eagle3 import Eagle3Draft
 from splitserve.models.vocab_map import VocabMap
 
@@ -116,27 +116,9 @@ def _tensors(draft: Eagle3Draft, fmt: str, dtype: torch.dtype) -> dict[str, torc
 
 
 def _layer_shape(draft: Eagle3Draft, max_position_embeddings: int) -> dict:
-    """The Llama decoder shape both configs carry (every key written: vLLM builds the draft's
-    config from transformer_layer_config alone)."""
-    a = draft.arch
-    return {
-        "model_type": "llama",
-        "vocab_size": a.vocab_size,  # V: the target's (logits are scattered back to it)
-        "hidden_size": a.hidden_size,
-        "intermediate_size": a.intermediate_size,
-        "num_hidden_layers": a.num_layers,
-        "num_attention_heads": a.num_heads,
-        "num_key_value_heads": a.num_kv_heads,
-        "head_dim": a.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": a.rms_norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": a.rope_theta},
-        "max_position_embeddings": max_position_embeddings,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-    }
+    """The Llama decoder shape both configs carry; vocab_size is the target's V (logits are
+    scattered back to it)."""
+    return {"model_type": "llama", **decoder_shape(draft.arch, max_position_embeddings), "mlp_bias": False}
 
 
 def _provenance(draft: Eagle3Draft, engine: str) -> dict:

@@ -68,12 +68,11 @@ def check_head_type(markov_rank: int, head: str) -> str:
     return served
 
 
-def transformer_layer_config(draft: DSparkDraft, max_position_embeddings: int) -> dict:
-    """The Qwen3 decoder config of the draft backbone, every key written (vLLM builds the draft's
-    HF config from this dict alone, so a key left to a class default would be missing there)."""
-    a = draft.arch
+def decoder_shape(a, max_position_embeddings: int) -> dict:
+    """The decoder keys every exported layer config carries (vLLM builds a draft's HF config from
+    its layer config alone, so a key left to a class default would be missing there). a: a draft
+    arch (DSpark's or EAGLE-3's)."""
     return {
-        "model_type": "qwen3",
         "vocab_size": a.vocab_size,
         "hidden_size": a.hidden_size,
         "intermediate_size": a.intermediate_size,
@@ -87,11 +86,20 @@ def transformer_layer_config(draft: DSparkDraft, max_position_embeddings: int) -
         "max_position_embeddings": max_position_embeddings,
         "attention_bias": False,
         "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+    }
+
+
+def transformer_layer_config(draft: DSparkDraft, max_position_embeddings: int) -> dict:
+    """The Qwen3 decoder config of the draft backbone, every key written."""
+    a = draft.arch
+    return {
+        "model_type": "qwen3",
+        **decoder_shape(a, max_position_embeddings),
         # full attention, non-causal inside the block (qwen3_dflash.py _dflash_layer_causal)
         "layer_types": ["full_attention"] * a.num_layers,
         "use_sliding_window": False,
         "sliding_window": None,
-        "tie_word_embeddings": False,
     }
 
 
