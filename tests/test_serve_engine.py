@@ -383,3 +383,16 @@ def test_host_reads_hand_back_each_stage():
     reads.stage(buf)
     reads.drop_unread()
     assert reads.read(reads.stage(torch.tensor([4]))) == [[4]]
+
+
+def test_verify_kernel_setting_picks_the_kernel_module():
+    """--verify-kernel auto verifies through speculative/verify_kernel.py (Triton on CUDA, the
+    reference elsewhere), torch through the reference itself."""
+    from splitserve.speculative import verify, verify_kernel
+
+    target = tiny_target(seed=2)
+    draft = tiny_draft(target, block_size=4)
+    auto = Engine(target, draft, EngineConfig(max_context=32))
+    torch_only = Engine(target, draft, EngineConfig(max_context=32, verify_kernel="torch"))
+    assert auto._verify_fns == {"greedy": verify_kernel.greedy_verify, "sampling": verify_kernel.sampling_verify}
+    assert torch_only._verify_fns == {"greedy": verify.greedy_verify, "sampling": verify.sampling_verify}

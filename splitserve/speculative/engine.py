@@ -53,7 +53,7 @@ from splitserve.config import EngineConfig
 from splitserve.models.build import check_compatible
 from splitserve.models.dspark import DSparkDraft
 from splitserve.models.eagle3 import Eagle3Draft
-from splitserve.speculative import verify as verify_kernels
+from splitserve.speculative import verify_kernel as verify_kernels
 from splitserve.speculative import verify as verify_reference
 from splitserve.speculative.decode import pick_token
 from splitserve.speculative.drafter import engine_drafter
