@@ -46,13 +46,18 @@ REPO = Path(__file__).resolve().parents[1]
 # (draft, loss): the 2x2 DSpark grid, then DFlash (markov_rank 0, no confidence head) at both γ
 # twice: on CE alone (loss=dflash_ce, the paper's baseline: the "paper-defined" ratio) and on the
 # DSpark paper loss (the "head-only" ratio). After them, runs chosen only by --runs: the other
-# Markov head forms at γ=16 and the further acceptance-aware losses. The report names the
-# baseline of every ratio (splitserve/evaluation/report/ratios.py).
+# Markov head forms at γ=16, the further acceptance-aware losses, and EAGLE-3 (its one decoder
+# layer as published: --num-layers sizes the block drafts only). The report names the baseline of
+# every ratio (splitserve/evaluation/report/ratios.py).
 RUNS = [("dspark_b8", "paper"), ("dspark_b8", "prefix"), ("dspark_b16", "paper"), ("dspark_b16", "prefix"),
         ("dflash_b8", "dflash_ce"), ("dflash_b16", "dflash_ce"), ("dflash_b8", "paper"), ("dflash_b16", "paper"),
         ("dspark_b16_gated", "prefix"), ("dspark_b16_rnn", "prefix"), ("dspark_b16", "prefix_gain"),
-        ("dspark_b16", "expected_length"), ("dspark_b16", "lk_alpha"), ("dspark_b16", "expected_length_greedy")]
+        ("dspark_b16", "expected_length"), ("dspark_b16", "lk_alpha"), ("dspark_b16", "expected_length_greedy"),
+        ("eagle3", "ttt")]
 DEFAULT_RUNS = RUNS[:8]
+# Drafts whose config group sets their depth and loss as published (conf/draft/eagle3.yaml): the
+# recipe's --num-layers and the run's loss= are not applied (the run name keeps the loss's name).
+AS_PUBLISHED = {"eagle3"}
 RECIPE = dict(num_layers=2, batch_size=8, anchors_per_seq=64, lr=1e-3, markov_lr_scale=1.0, warmup_steps=50,
               max_length=1024)
 
@@ -84,7 +89,7 @@ def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
     rec = recipe(args)
     settings = {
         "target.dtype": "bfloat16" if cuda else "float32", "target.device": args.device,
-        "draft.num_layers": rec["num_layers"],
+        **({} if draft in AS_PUBLISHED else {"draft.num_layers": rec["num_layers"]}),
         "data.train_path": args.data, "data.heldout_prompts": args.prompts, "data.max_length": rec["max_length"],
         "train.seed": getattr(args, "seed", TrainConfig.seed), "train.max_steps": args.max_steps,
         "train.max_minutes": args.minutes, "train.batch_size": rec["batch_size"],
@@ -102,7 +107,8 @@ def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
         settings["target.capture_group_tokens"] = args.group_tokens
     if args.loss_chunk_rows is not None:
         settings["train.loss_chunk_rows"] = args.loss_chunk_rows
-    overrides = [f"draft={draft}", f"loss={loss}", *(f"{k}={_value(v)}" for k, v in settings.items())]
+    groups = [f"draft={draft}"] + ([] if draft in AS_PUBLISHED else [f"loss={loss}"])
+    overrides = [*groups, *(f"{k}={_value(v)}" for k, v in settings.items())]
     cfg = compose(overrides)
     markov_rank = getattr(args, "markov_rank", None)
     if markov_rank is not None and cfg.draft.markov_rank > 0:  # resizes DSpark's head; DFlash keeps rank 0

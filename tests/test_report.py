@@ -130,3 +130,18 @@ def test_paired_ratio_is_pooled_tau_over_pooled_tau_with_a_paired_interval():
     c = PerPrompt(a.prompts, np.array([20.0, 60.0, 6.0, 16.0]), rounds)
     point, lo, hi = paired_ratio(a, c, samples=2000)
     assert abs(point - (109 / 43) / (102 / 43)) < 1e-12 and lo < point < hi
+
+
+def test_an_eagle3_run_reports_its_chain_length_and_no_markov_head(tmp_path):
+    """A chain draft's row gives γ = draft.ttt_steps (the tokens a round drafts), no Markov rank,
+    and the run is not taken for a DSpark run in the ratio tables (those need markov_rank > 0)."""
+    root = tmp_path / "sweep"
+    _run(root, "0_draft=dspark_b8")
+    d = _run(root, "1_draft=eagle3", draft="eagle3")
+    (d / "config.yaml").write_text("draft:\n  name: eagle3\n  family: eagle3\n  block_size: 16\n  markov_rank: 256\n"
+                                   "  num_layers: 1\n  ttt_steps: 3\nloss:\n  name: ttt\n  kind: ttt\n")
+    runs = {r.draft: r for r in read_sweep(root)}
+    assert (runs["eagle3"].block_size, runs["eagle3"].markov_rank) == (3, None)
+    assert (runs["dspark_b8"].block_size, runs["dspark_b8"].markov_rank) == (4, 8)
+    row = next(line for line in write_report(root).read_text().splitlines() if "| eagle3 |" in line)
+    assert "| eagle3 | 3 | - | ttt |" in row, row

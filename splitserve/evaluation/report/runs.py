@@ -19,6 +19,7 @@ RUN_MARKERS = (".hydra", "config.yaml", "metrics.jsonl", "draft_arch.json")
 SKIP_DIRS = ("wandb", "checkpoints")  # never run dirs themselves (wandb writes a config.yaml too)
 # Training-length overrides: runs that differ only in these are points on one τ-vs-tokens line.
 LENGTH_KEYS = ("train.max_steps", "train.max_minutes")
+BLOCK_FAMILIES = ("dspark", "dflash")  # drafts of draft.block_size tokens; the others chain draft.ttt_steps
 
 
 @dataclass
@@ -160,6 +161,8 @@ def read_run(path: Path, sweep_dir: Path) -> RunSummary:
     if isinstance(cfg, dict):
         draft, loss = cfg.get("draft") or {}, cfg.get("loss") or {}
         s.draft, s.block_size, s.markov_rank = draft.get("name"), draft.get("block_size"), draft.get("markov_rank")
+        if draft.get("family", "dspark") not in BLOCK_FAMILIES:  # a chain drafts ttt_steps tokens, no Markov head
+            s.block_size, s.markov_rank = draft.get("ttt_steps"), None
         s.num_layers, s.loss = draft.get("num_layers"), loss.get("name") or loss.get("kind")
         data = cfg.get("data") or {}
         s.seed, s.train_data, s.heldout = (cfg.get("train") or {}).get("seed"), data.get("train_path"), \

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The draft-family comparison on one GPU (docs/results/families_h200.md): DSpark γ=8 and γ=16,
+# DFlash on cross-entropy alone, and EAGLE-3, trained on the same data for the same steps
+# (hence the same target tokens), two seeds, then held-out τ on chitchat, HumanEval and
+# MT-Bench prompts at T=0 and T=1, and `splitserve bench` for each family against the engine's AR.
+# The runs are bench/ablation_gpu.py's (one process each, all sharing the GPU); the table and
+# plot are made afterwards, on any machine, by bench/family_compare.py.
+# On a GPU machine whose SmolLM2 parts were stashed by bench/device_smollm2.sh, with the chitchat
+# train.jsonl / heldout_prompts.jsonl in $DATA (see bench/public_shape_gpu.sh):
+#   bash bench/family_compare_gpu.sh train MINUTES    both seeds' runs at once, every run MINUTES of wall time
+#   bash bench/family_compare_gpu.sh eval             both seeds at the step every run of both reached
+#   bash bench/family_compare_gpu.sh bench REQUESTS   each family's seed-0 draft, REQUESTS held-out prompts, --baseline
+# Work lives in $WORK (default /tmp/families); what the table needs is copied to $OUT when it is set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source bench/device_smollm2.sh env
+python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
+WORK=${WORK:-/tmp/families}
+DATA=${DATA:-.whl/data}
+RUNS=${RUNS:-"dspark_b8:prefix dspark_b16:prefix dflash_b16:dflash_ce eagle3:ttt"}
+SEEDS=${SEEDS:-"0 1"}
+export PYTHONUNBUFFERED=1
+mkdir -p "$WORK"
+case "${1:?train MINUTES | eval | bench REQUESTS}" in
+train)
+    for seed in $SEEDS; do
+        # shellcheck disable=SC2086
+        python3 bench/ablation_gpu.py train --data "$DATA/train.jsonl" --prompts "$DATA/heldout_prompts.jsonl" \
+            --root "$WORK/seed$seed" --seed "$seed" --runs $RUNS --minutes "${2:?MINUTES}" --num-layers 4 \
+            --save-every "${SAVE_EVERY:-100}" --capture-graphs --num-prompts "${PROMPTS:-30}" \
+            --max-new-tokens "${NEW_TOKENS:-192}" > "$WORK/train_seed$seed.log" 2>&1 &
+    done
+    wait
+    for seed in $SEEDS; do tail -n "$(echo $RUNS | wc -w)" "$WORK/train_seed$seed.log"; done
+    if [ -n "${OUT:-}" ]; then
+        for seed in $SEEDS; do
+            mkdir -p "$OUT/seed$seed"
+            cp "$WORK/train_seed$seed.log" "$WORK/seed$seed/train_summary.json" "$OUT/seed$seed/"
+        done
+    fi
+    ;;
+eval)
+    # The largest checkpoint step that every run of every seed reached: one token budget for all.
+    step=$(python3 -c "
+import sys
+from pathlib import Path
+from splitserve.models.run_files import checkpoint_dirs
+runs = [d for s in sys.argv[1:] for d in (Path(s) / 'runs').iterdir()]
+print(max(set.intersection(*(set(checkpoint_dirs(d)) for d in runs))))" $(for s in $SEEDS; do echo "$WORK/seed$s"; done))
+    echo "every run at step $step"
+    for seed in $SEEDS; do
+        python3 bench/ablation_gpu.py eval --root "$WORK/seed$seed" --step "$step" --engine --no-curve --no-exact \
+            > "$WORK/eval_seed$seed.log" 2>&1 &
+    done
+    wait
+    for seed in $SEEDS; do grep -E "^\| draft=|exit" "$WORK/eval_seed$seed.log" || tail -n 30 "$WORK/eval_seed$seed.log"; done
+    if [ -n "${OUT:-}" ]; then
+        for seed in $SEEDS; do
+            mkdir -p "$OUT/seed$seed"
+            cp "$WORK/eval_seed$seed.log" "$OUT/seed$seed/"
+            (cd "$WORK/seed$seed" && tar czf "$OUT/seed$seed/sweep.tar.gz" --exclude=checkpoints sweep)
+        done
+    fi
+    ;;
+bench)
+    seed=$(echo $SEEDS | cut -d' ' -f1)
+    mkdir -p "$WORK/bench"
+    first=1
+    for run in "$WORK/seed$seed"/runs/*; do
+        name=$(basename "$run")
+        flags=()
+        [ "$first" = 1 ] && flags=(--baseline)  # the AR engine once: it does not depend on the draft
+        python3 -m splitserve.cli bench --draft "$run" --device cuda --dtype bfloat16 \
+            --prompts "$DATA/heldout_prompts.jsonl" --num-requests "${2:?REQUESTS}" --output-len "${OUTPUT_LEN:-256}" \
+            --max-model-len 4096 --seed 0 "${flags[@]}" --result-file "$WORK/bench/$name.json" \
+            > "$WORK/bench/$name.log" 2>&1 || { echo "$name failed"; tail -n 20 "$WORK/bench/$name.log"; }
+        grep "^|" "$WORK/bench/$name.log" | head -n 8 || true
+        first=0
+    done
+    if [ -n "${OUT:-}" ]; then mkdir -p "$OUT/bench" && cp "$WORK"/bench/* "$OUT/bench/"; fi
+    ;;
+esac
