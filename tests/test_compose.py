@@ -65,3 +65,26 @@ def test_a_written_config_reads_back():
 
     cfg = compose(["experiment=ablate_block", "+data.chat_template_kwargs.enable_thinking=false", "train.lr=3e-4"])
     assert from_dict(RunConfig, yaml.safe_load(yaml.safe_dump(dataclasses.asdict(cfg)))) == cfg
+
+
+@pytest.mark.parametrize("path", ["hydra", "plain"])
+def test_a_loss_choice_the_draft_replaces_is_refused(path, monkeypatch):
+    """draft=eagle3 sets its own loss (conf/draft/eagle3.yaml): loss=paper beside it would be
+    silently dropped, so it is one UserError naming both; loss=ttt-tuning keys still apply."""
+    from splitserve.errors import UserError
+
+    if path == "plain":
+        monkeypatch.setitem(__import__("sys").modules, "hydra", None)  # `import hydra` fails: the plain path
+    with pytest.raises(UserError, match=r"^loss=paper is not applied: draft=eagle3 sets its own loss \(ttt"):
+        compose(["draft=eagle3", "loss=paper"])
+    assert compose(["draft=eagle3", "loss.kl_weight=0.5"]).loss.kl_weight == 0.5
+    assert compose(["draft=dspark_b8", "loss=paper"]).loss.name == "paper"
+
+
+def test_the_train_cli_refuses_it_in_one_line():
+    from splitserve import cli
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "draft=eagle3", "loss=prefix", "train.max_steps=1"])
+    assert exit_.value.code == ("splitserve train: loss=prefix is not applied: draft=eagle3 sets its own loss (ttt, "
+                                "kind ttt); drop loss=prefix, and tune that loss with loss.<key>=... instead")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from splitserve.checks import check_run_config, check_target_layers, check_train_data, user_error_types
 from splitserve.config import conf_dir as config_conf_dir
-from splitserve.config import save_resolved
+from splitserve.config import check_group_choices, save_resolved
 
 
 def conf_dir() -> Path:
@@ -55,7 +55,10 @@ def hydra_app(command: str, argv: list[str]) -> None:
             failed.append(exc)
 
     def run(dcfg) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
         cfg = to_run_config(dcfg)
+        check_group_choices(HydraConfig.get().overrides.task, cfg)
         check_run_config(cfg)
         # The target's config.json is read after the cheaper checks (a data file's rows for train)
         # and before any rank, data loader or weight starts.

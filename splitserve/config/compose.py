@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from splitserve.config.run import RunConfig
+from splitserve.errors import UserError
 
 PACKAGE_CONF = Path(__file__).resolve().parents[1] / "conf"  # package data: ships in the wheel
 GROUPS = ("target", "draft", "data", "loss", "split", "experiment")  # the conf/ groups
@@ -41,8 +42,22 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf: str | Path | None
     try:
         import hydra  # noqa: F401
     except ImportError:
-        return compose_plain(list(overrides), conf)
-    return compose_hydra(list(overrides), conf)
+        cfg = compose_plain(list(overrides), conf)
+    else:
+        cfg = compose_hydra(list(overrides), conf)
+    check_group_choices(overrides, cfg)
+    return cfg
+
+
+def check_group_choices(overrides, cfg) -> None:
+    """A `loss=OPTION` the user chose that a later group replaced (draft=eagle3 sets its own loss,
+    conf/draft/eagle3.yaml) is refused in one line rather than trained with another loss unsaid."""
+    for override in overrides:
+        key, _, option = str(override).partition("=")
+        if key == "loss" and option != cfg.loss.name:
+            raise UserError(f"loss={option} is not applied: draft={cfg.draft.name} sets its own loss "
+                            f"({cfg.loss.name}, kind {cfg.loss.kind}); drop loss={option}, and tune that loss "
+                            "with loss.<key>=... instead")
 
 
 def compose_hydra(overrides: list[str], conf: Path) -> RunConfig:
