@@ -80,11 +80,21 @@ def check_target_layers(target_cfg) -> None:
     if num_layers < 2:
         raise UserError(f"target {target_cfg.path}: {num_layers} layer(s); capturing needs at least 2 "
                         "(the last layer is never captured)")
+    last = target_cfg.layer_rule == "last"
     if target_cfg.layer_ids is not None:
-        check_layer_ids(list(target_cfg.layer_ids), num_layers, from_rule=False)
+        check_layer_ids(list(target_cfg.layer_ids), num_layers, from_rule=False, allow_last=last)
     else:
         ids = rule_layer_ids(num_layers, target_cfg.num_capture_layers, target_cfg.layer_rule)
-        check_layer_ids(ids, num_layers, from_rule=True)
+        check_layer_ids(ids, num_layers, from_rule=True, allow_last=last)
+
+
+def check_draft_target(cfg) -> None:
+    """The draft family against the target's config.json alone (no weights are read): its
+    resolver's refusals (draft=mtp on a target without MTP layers, ...) come before the target loads."""
+    from splitserve.models.build import resolve_arch
+    from splitserve.target.hf import load_target_config, peek_target_info
+
+    resolve_arch(cfg.draft, peek_target_info(cfg.target), load_target_config(cfg.target))
 
 
 def check_train_data(cfg) -> None:

@@ -112,6 +112,7 @@ def target_config_for(meta: DraftMeta, models: ModelsConfig) -> TargetConfig:
         path = name = DEFAULT_TARGET
     return TargetConfig(name=name, path=path, device=models.device, dtype=resolve_dtype(models.dtype, models.device),
                         layer_ids=list(meta.arch.target_layer_ids), revision=models.revision,
+                        layer_rule="last" if getattr(meta.arch, "reads_last_layer", False) else "spread",
                         trust_remote_code=models.trust_remote_code)
 
 

@@ -55,5 +55,5 @@ def test_a_rule_that_does_not_fit_is_refused_in_one_line(tmp_path, layers, found
     msg = str(err.value)
     assert "\n" not in msg and f"target.layer_rule=eagle3 does not fit a {layers}-layer target" in msg
     assert found in msg and "target.layer_ids=[...]" in msg
-    with pytest.raises(UserError, match=r"^target.layer_rule='middle': must be one of spread, eagle3$"):
+    with pytest.raises(UserError, match=r"^target.layer_rule='middle': must be one of spread, eagle3, last$"):
         rule_layer_ids(36, 3, "middle")

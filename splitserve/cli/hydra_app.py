@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from splitserve.checks import check_run_config, check_target_layers, check_train_data, user_error_types
+from splitserve.checks import (check_draft_target, check_run_config, check_target_layers, check_train_data,
+                               user_error_types)
 from splitserve.config import conf_dir as config_conf_dir
 from splitserve.config import check_group_choices, save_resolved
 
@@ -76,6 +77,7 @@ def hydra_app(command: str, argv: list[str]) -> None:
 
             check_train_data(cfg)
             check_target_layers(cfg.target)
+            check_draft_target(cfg)
             result = train(cfg)  # writes config.yaml once the run directory is known to take it
             if cfg.eval.enabled and cfg.target.backend not in DECODING_BACKENDS:
                 # Held-out evaluation decodes, which only the transformers backend does.

@@ -26,7 +26,8 @@ class TargetConfig:
     # distinct: a rule that repeats a layer of a small target is refused at start.
     layer_ids: list[int] | None = None
     # spread: `num_capture_layers` layers spread over the target (DSpark's default); eagle3:
-    # EAGLE-3's [1, N//2 - 1, N - 4] (three layers; num_capture_layers is not read).
+    # EAGLE-3's [1, N//2 - 1, N - 4] (three layers; num_capture_layers is not read); last: the
+    # last layer alone (draft=mtp, the only use of the last layer).
     layer_rule: str = "spread"
     num_capture_layers: int = 5
     # transformers backend, training and dump: pad each sample to its power-of-two length bucket
@@ -46,10 +47,11 @@ class TargetConfig:
 @dataclass
 class DraftConfig:
     """Draft architecture. `family` picks the kind of draft (models/families.py): dspark, dflash
-    (DSpark with markov_rank=0 and no confidence head: the baseline) or eagle3."""
+    (DSpark with markov_rank=0 and no confidence head: the baseline), eagle3, or mtp (the
+    target's own MTP head, models/mtp.py)."""
 
     name: str = "dspark_b8"
-    family: str = "dspark"  # dspark | dflash | eagle3
+    family: str = "dspark"  # dspark | dflash | eagle3 | mtp
     block_size: int = 8  # γ: draft positions per round (anchor + γ-1 masks -> γ draft tokens)
     num_layers: int = 5
     # None: copy the target's attention/MLP shapes (hidden size always equals the target's,
@@ -63,7 +65,7 @@ class DraftConfig:
     enable_confidence_head: bool = True
     mask_token_id: int | None = None  # None: pick an unused special token of the tokenizer
     rope_theta: float | None = None
-    # eagle3 only. Training-time test: unrolled draft steps per position, and the weight
+    # eagle3 and mtp. Training-time test: unrolled draft steps per position (a served round's γ), and the weight
     # ttt_decay^j of step j's loss (speculators: 3 steps; SpecForge: 7 steps at 0.8).
     ttt_steps: int = 3
     ttt_decay: float = 0.8

@@ -4,10 +4,12 @@ Every draft family registers here with its resolver (models/families.py is the r
     dspark   DSparkDraft with its Markov and confidence heads
     dflash   the same class without them (markov_rank 0, no confidence head): the baseline
     eagle3   Eagle3Draft (models/eagle3.py)
+    mtp      MtpDraft (models/mtp.py): the target's own MTP layers, started from its weights
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from splitserve.config import DraftConfig
@@ -15,6 +17,7 @@ from splitserve.errors import UserError
 from splitserve.models.dspark import DSparkArch, DSparkDraft
 from splitserve.models.eagle3 import Eagle3Arch, Eagle3Draft
 from splitserve.models.families import DraftFamily, get_family, model_class, register
+from splitserve.models.mtp import MtpArch, MtpDraft, require_mtp_layout, text_config
 from splitserve.records import TargetInfo
 
 
@@ -112,6 +115,30 @@ def resolve_eagle3(cfg: DraftConfig, info: TargetInfo, target_config: Any, token
     )
 
 
+def resolve_mtp(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None) -> MtpArch:
+    """The target's own MTP layers; a target whose config declares none is refused in one line
+    (before any weight loads when called from the config alone, checks.py)."""
+    layout = require_mtp_layout(target_config)
+    if cfg.ttt_steps < 1:
+        raise UserError(f"draft.ttt_steps={cfg.ttt_steps}: must be at least 1")
+    if tuple(info.layer_ids) != (info.num_layers - 1,):
+        raise UserError(f"draft=mtp reads the target's last layer (layer id {info.num_layers - 1}), not "
+                        f"target.layer_ids {list(info.layer_ids)}: set target.layer_rule=last (draft=mtp sets it)")
+    return MtpArch(
+        vocab_size=info.vocab_size,
+        hidden_size=info.hidden_size,
+        target_layer_ids=tuple(info.layer_ids),
+        # as draft_arch.json gives it back (lists, not tuples), so a resumed run compares equal
+        target_config=json.loads(text_config(target_config).to_json_string(use_diff=False)),
+        style=layout.style,
+        field=layout.field,
+        num_mtp_layers=layout.num_layers,
+        ttt_steps=cfg.ttt_steps,
+        target_name=info.name,
+        target_num_layers=info.num_layers,
+    )
+
+
 def resolve_arch(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None):
     """The arch of cfg.family for this target (an unknown family: one-line UserError)."""
     return get_family(cfg.family).resolve(cfg, info, target_config, tokenizer)
@@ -136,7 +163,8 @@ def check_compatible(arch, info: TargetInfo, where: str = "draft") -> None:
         diffs.append(f"vocab size {arch.vocab_size} vs target {info.vocab_size}")
     if arch.hidden_size != info.hidden_size:
         diffs.append(f"hidden size {arch.hidden_size} vs target {info.hidden_size}")
-    bad = [i for i in arch.target_layer_ids if not 0 <= i < info.num_layers - 1]
+    top = info.num_layers if getattr(arch, "reads_last_layer", False) else info.num_layers - 1
+    bad = [i for i in arch.target_layer_ids if not 0 <= i < top]
     if bad:
         diffs.append(f"captured layer ids {bad} do not exist below the last layer of a {info.num_layers}-layer target")
     elif tuple(arch.target_layer_ids) != tuple(info.layer_ids):
@@ -153,10 +181,13 @@ def check_compatible(arch, info: TargetInfo, where: str = "draft") -> None:
 def build_draft(arch, target):
     """A fresh draft of the arch's family with the target's embedding and lm_head copied in
     (frozen), and the target's logit transform (soft-capping, scaling; None: raw lm_head
-    logits), which training applies to the target's distribution it distils from."""
+    logits), which training applies to the target's distribution it distils from. A family
+    whose weights start as the target's own (mtp) reads them through `init_from_target`."""
     check_compatible(arch, target.info)
     draft = model_class(arch)(arch)
     draft.load_shared(target.embed_weight(), target.lm_head_weight())
+    if hasattr(draft, "init_from_target"):
+        draft.init_from_target(target)
     draft.target_logit_transform = getattr(target, "logit_transform", None)
     return draft.to(target.device)
 
@@ -172,4 +203,10 @@ def _describe_eagle3(a: Eagle3Arch) -> str:
 
 register(DraftFamily("dspark", DSparkArch, DSparkDraft, resolve_dspark, _describe_dspark))
 register(DraftFamily("dflash", DSparkArch, DSparkDraft, resolve_dflash, _describe_dspark))
+def _describe_mtp(a: MtpArch) -> str:
+    return (f"the target's own MTP head ({a.num_mtp_layers} layer(s) from {a.field}, {a.style} layout), "
+            f"{a.ttt_steps} chain steps")
+
+
 register(DraftFamily("eagle3", Eagle3Arch, Eagle3Draft, resolve_eagle3, _describe_eagle3))
+register(DraftFamily("mtp", MtpArch, MtpDraft, resolve_mtp, _describe_mtp))

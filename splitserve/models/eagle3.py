@@ -181,6 +181,7 @@ class Eagle3Layer(nn.Module):
 
 class Eagle3Draft(nn.Module):
     confidence = None  # no confidence head: a served round verifies its whole chain
+    drafting = "chain"  # served by the chain drafters (speculative/eagle3_chain.py)
 
     def __init__(self, arch: Eagle3Arch):
         super().__init__()
@@ -245,10 +246,11 @@ class Eagle3Draft(nn.Module):
         return self.fc(aux.to(self.fc.weight.dtype))
 
     def backbone(self, hidden: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
-                 cache: Eagle3Cache, mask: torch.Tensor | None = None) -> torch.Tensor:
+                 cache: Eagle3Cache, mask: torch.Tensor | None = None, step: int = 0) -> torch.Tensor:
         """hidden: (B, Q, D) fused target states or the draft's previous states; token_ids,
-        positions: (B, Q); mask: (B or 1, 1, Q, S+Q) bool, None: `chunk_mask` -> h: (B, Q, D),
-        the draft's states (pre-norm: what the next step reads). Appends Q positions to cache."""
+        positions: (B, Q); mask: (B or 1, 1, Q, S+Q) bool, None: `chunk_mask`; step: the chain
+        step (every step runs the same layers) -> h: (B, Q, D), the draft's states (pre-norm:
+        what the next step reads). Appends Q positions to cache."""
         if mask is None:
             mask = chunk_mask(token_ids.shape[1], cache.length, token_ids.device)
         emb = self.embed_tokens(token_ids)
@@ -278,19 +280,25 @@ class Eagle3Draft(nn.Module):
     # ---- training-time test ------------------------------------------------------------------
 
     def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        """aux: (B, T, m*D), input_ids: (B, T) -> k states (B, U, D), U = T-1.
+        """aux: (B, T, m*D), input_ids: (B, T) -> k states (B, U, D), U = T-1 (`unroll_chain`)."""
+        return unroll_chain(self, aux, input_ids, steps)
 
-        Step j at position t reads token x_{t+1+j} at RoPE position t+1+j with step j-1's state
-        at t (step 0: the target's at t), and predicts x_{t+2+j}: the j-th step of a chain started
-        after the target's position t, teacher-forced. Tokens past the end are id 0; their rows
-        are seen only by themselves (`ttt_mask`), and the loss drops them."""
-        b, t = input_ids.shape
-        u = t - 1
-        hidden = self.fuse(aux[:, :u])  # (B, U, D)
-        ids = torch.cat([input_ids, input_ids.new_zeros(b, steps)], dim=1)  # (B, T+k)
-        pos = torch.arange(1, u + 1, device=input_ids.device).expand(b, u)  # (B, U)
-        cache, states = Eagle3Cache(), []
-        for j in range(steps):
-            hidden = self.backbone(hidden, ids[:, 1 + j: 1 + j + u], pos + j, cache, ttt_mask(u, j, ids.device))
-            states.append(hidden)
-        return states
+
+def unroll_chain(draft, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The training-time test of a chain draft (Eagle3Draft, models/mtp.py MtpDraft): aux (B, T, ·)
+    its target features, input_ids (B, T) -> k states (B, U, D), U = T-1.
+
+    Step j at position t reads token x_{t+1+j} at RoPE position t+1+j with step j-1's state at t
+    (step 0: the target's at t), and predicts x_{t+2+j}: the j-th step of a chain started after
+    the target's position t, teacher-forced. Tokens past the end are id 0; their rows are seen
+    only by themselves (`ttt_mask`), and the loss drops them."""
+    b, t = input_ids.shape
+    u = t - 1
+    hidden = draft.fuse(aux[:, :u])  # (B, U, D)
+    ids = torch.cat([input_ids, input_ids.new_zeros(b, steps)], dim=1)  # (B, T+k)
+    pos = torch.arange(1, u + 1, device=input_ids.device).expand(b, u)  # (B, U)
+    cache, states = Eagle3Cache(), []
+    for j in range(steps):
+        hidden = draft.backbone(hidden, ids[:, 1 + j: 1 + j + u], pos + j, cache, ttt_mask(u, j, ids.device), step=j)
+        states.append(hidden)
+    return states

@@ -24,7 +24,9 @@ two drafters, one per caller:
 Families:
     DSpark, DFlash  a block drafted in one pass over the context K/V of the target's captures
                     (models/dspark.py); commit appends those captures (context.py)
-    EAGLE-3         a chain of γ steps over the draft's own KV cache (eagle3_chain.py)
+    chain drafts    a chain of γ steps over the draft's own KV cache (eagle3_chain.py): every draft
+                    whose class says `drafting = "chain"`, EAGLE-3 (models/eagle3.py) and the
+                    target's own MTP head (models/mtp.py)
 Glossary: γ tokens a round drafts, V target vocab, m·D captured width, P prompt length, L capacity.
 """
 
@@ -35,7 +37,6 @@ from typing import Protocol
 import torch
 
 from splitserve.models.dspark import DSparkDraft
-from splitserve.models.eagle3 import Eagle3Draft
 from splitserve.speculative.context import DynamicDraftContext, StaticDraftContext
 from splitserve.speculative.eagle3_chain import Eagle3EngineDrafter, Eagle3ReferenceDrafter
 
@@ -92,9 +93,13 @@ class DSparkEngineDrafter:
         self.ctx.write(aux, start + self._slots[: aux.shape[1]])
 
 
+def is_chain(draft) -> bool:
+    return getattr(draft, "drafting", None) == "chain"
+
+
 def reference_drafter(draft) -> Drafter:
     """A fresh drafter for one request of the reference loop (decode.py)."""
-    if isinstance(draft, Eagle3Draft):
+    if is_chain(draft):
         return Eagle3ReferenceDrafter(draft)
     if isinstance(draft, DSparkDraft):
         return DSparkReferenceDrafter(draft)
@@ -106,7 +111,7 @@ def engine_drafter(draft, capacity: int, device: torch.device, attend=None, mark
     """The engine's drafter: its caches preallocated for `capacity` slots in the draft's dtype.
     attend / markov_topk / markov_kernel are DSpark's serving options (EngineConfig)."""
     dtype = next(draft.parameters()).dtype
-    if isinstance(draft, Eagle3Draft):
+    if is_chain(draft):
         return Eagle3EngineDrafter(draft, capacity, device, dtype)
     if isinstance(draft, DSparkDraft):
         return DSparkEngineDrafter(draft, capacity, device, dtype, attend, markov_topk, markov_kernel)

@@ -1,4 +1,8 @@
-"""EAGLE-3's drafters (the seam of drafter.py): chains of γ steps over the draft's own KV cache.
+"""The chain drafters (the seam of drafter.py): chains of γ steps over the draft's own KV cache.
+
+They serve every chain draft (`drafting = "chain"`): EAGLE-3 (models/eagle3.py) and the target's
+own MTP head (models/mtp.py). What they ask of it: fuse, backbone(..., step=j), draft_logits,
+vocab. Below, "the draft" is either; EAGLE-3's words (g_t, its fused state) read as MTP's h_t.
 
 Entry t of the draft's cache is the draft reading the target's fused state g_t at position t
 with the token x_{t+1} that followed it, at RoPE position t+1; its output h_t predicts x_{t+2}
@@ -29,21 +33,24 @@ from __future__ import annotations
 
 import torch
 
-from splitserve.models.eagle3 import Eagle3Cache, Eagle3Draft
+from splitserve.models.eagle3 import Eagle3Cache
 
 
 class Eagle3Chain:
-    """The chain both flavours draft; `_read` (their cache's forward) is what differs."""
+    """The chain both flavours draft; `_read` (their cache's forward) is what differs. `draft`:
+    any chain draft (Eagle3Draft, MtpDraft)."""
 
     h0: torch.Tensor  # (1, 1, D)
 
-    def __init__(self, draft: Eagle3Draft):
+    def __init__(self, draft):
         self.draft, self.gamma = draft, draft.arch.block_size
         self.vocab_size = draft.arch.vocab_size
         self.used = draft.vocab.used  # (N,) the target id of each draft id
 
-    def _read(self, hidden: torch.Tensor, token_ids: torch.Tensor, start, window: int | None) -> torch.Tensor:
-        """hidden (1, Q, D), token_ids (1, Q) as entries start..start+Q-1 -> h (1, Q, D)."""
+    def _read(self, hidden: torch.Tensor, token_ids: torch.Tensor, start, window: int | None,
+              step: int = 0) -> torch.Tensor:
+        """hidden (1, Q, D), token_ids (1, Q) as entries start..start+Q-1, read by chain step
+        `step` (0: from the target's states) -> h (1, Q, D)."""
         raise NotImplementedError
 
     def propose(self, anchor, p, temperature=0.0, generator=None, window=None):
@@ -52,7 +59,7 @@ class Eagle3Chain:
         h, tokens, probs = self.h0, [], []
         for j in range(self.gamma):
             if j:  # step j: d_j with step j-1's state, entry p-1+j
-                h = self._read(h, tokens[-1].view(1, 1), p + j - 1, window)
+                h = self._read(h, tokens[-1].view(1, 1), p + j - 1, window, step=j)
             token, prob = self._pick(self.draft.draft_logits(h[0, -1]), temperature, generator)
             tokens.append(token)
             probs.append(prob)
@@ -72,14 +79,14 @@ class Eagle3Chain:
 class Eagle3ReferenceDrafter(Eagle3Chain):
     """One request of the reference loop: the cache holds exactly entries 0..p-1 between rounds."""
 
-    def __init__(self, draft: Eagle3Draft):
+    def __init__(self, draft):
         super().__init__(draft)
         self.cache = Eagle3Cache()
 
-    def _read(self, hidden, token_ids, start, window=None):
+    def _read(self, hidden, token_ids, start, window=None, step=0):
         assert self.cache.length == start, (self.cache.length, start)
         positions = torch.arange(start + 1, start + 1 + token_ids.shape[1], device=token_ids.device)[None]
-        return self.draft.backbone(hidden, token_ids, positions, self.cache)
+        return self.draft.backbone(hidden, token_ids, positions, self.cache, step=step)
 
     def commit(self, aux, start, tokens, n, window=None) -> None:
         self.cache.crop(start)  # the chain's own entries, read from draft states
@@ -88,15 +95,16 @@ class Eagle3ReferenceDrafter(Eagle3Chain):
 
 
 class StaticEagle3Cache:
-    """Eagle3Cache's interface over preallocated per-layer K/V, (1, Hkv, L, hd) each, slot =
+    """Eagle3Cache's interface over preallocated per-layer K/V, (1, H, L, ·) each, slot =
     position. `bind` says where the next forward writes and returns its mask; `append` writes
-    there in place and hands the attention the first W slots (views, no copy)."""
+    there in place and hands the attention the first W slots (views, no copy). A layer's buffers
+    take the shapes of its first append (the prefill's commit, never inside a CUDA graph capture,
+    whose warm-up runs eagerly): keys and values may differ in width (MLA caches its latent and
+    its RoPE part), so nothing is assumed of the draft's attention."""
 
-    def __init__(self, draft: Eagle3Draft, capacity: int, device: torch.device, dtype: torch.dtype):
-        a = draft.arch
-        shape = (1, a.num_kv_heads, capacity, a.head_dim)
-        self.kv = [(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
-                   for _ in range(a.num_layers)]
+    def __init__(self, capacity: int, device: torch.device, dtype: torch.dtype):
+        self.kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.device, self.dtype = device, dtype
         self.capacity = capacity
         self._slots = torch.arange(capacity, device=device)  # (L,)
         self.slots, self.window = self._slots[:1], capacity
@@ -107,7 +115,10 @@ class StaticEagle3Cache:
         return (self._slots[None, : self.window] <= slots[:, None])[None, None]
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v: (1, Hkv, Q, hd) -> the layer's first W slots, (1, Hkv, W, hd), these written in."""
+        """k, v: (1, H, Q, ·) -> the layer's first W slots, (1, H, W, ·), these written in."""
+        if layer not in self.kv:
+            self.kv[layer] = tuple(torch.zeros((*x.shape[:2], self.capacity, x.shape[-1]), device=self.device,
+                                               dtype=self.dtype) for x in (k, v))
         cache_k, cache_v = self.kv[layer]
         cache_k.index_copy_(2, self.slots, k.to(cache_k.dtype))
         cache_v.index_copy_(2, self.slots, v.to(cache_v.dtype))
@@ -117,16 +128,16 @@ class StaticEagle3Cache:
 class Eagle3EngineDrafter(Eagle3Chain):
     """The engine's drafter: fixed shapes, positions on the device, no host read."""
 
-    def __init__(self, draft: Eagle3Draft, capacity: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, draft, capacity: int, device: torch.device, dtype: torch.dtype):
         super().__init__(draft)
-        self.cache = StaticEagle3Cache(draft, capacity, device, dtype)
+        self.cache = StaticEagle3Cache(capacity, device, dtype)
         self.h0 = torch.zeros(1, 1, draft.arch.hidden_size, device=device, dtype=dtype)
         self._rows = torch.arange(capacity, device=device)  # (L,)
 
-    def _read(self, hidden, token_ids, start, window=None):
+    def _read(self, hidden, token_ids, start, window=None, step=0):
         slots = start + self._rows[: token_ids.shape[1]]  # (Q,)
         mask = self.cache.bind(slots, window)
-        return self.draft.backbone(hidden, token_ids, (slots + 1)[None], self.cache, mask)
+        return self.draft.backbone(hidden, token_ids, (slots + 1)[None], self.cache, mask, step=step)
 
     def commit(self, aux, start, tokens, n, window=None) -> None:
         h = self._read(self.draft.fuse(aux), tokens.view(1, -1), start, window)  # (1, T, D)

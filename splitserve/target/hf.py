@@ -105,6 +105,13 @@ class HFTarget:
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight
 
+    def mtp_state(self, arch) -> dict[str, torch.Tensor]:
+        """The target's own MTP weights in the MTP draft's names (target/mtp_weights.py)."""
+        # here, not at the top: mtp_weights reads the checkpoint through shared_weights, which imports this module
+        from splitserve.target.mtp_weights import read_mtp_state
+
+        return read_mtp_state(self, arch)
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: (1, T, D) final-norm states -> (1, T, V) float32 logits, transformed as the
         target's own forward does (soft-capping, scaling)."""
@@ -346,7 +353,7 @@ def _info_from_config(mc, cfg: TargetConfig, name: str, validate: bool = True) -
     n_layers = int(text_cfg.num_hidden_layers)
     layer_ids = capture_layer_ids(cfg, n_layers)
     if validate:
-        check_layer_ids(layer_ids, n_layers)
+        check_layer_ids(layer_ids, n_layers, allow_last=cfg.layer_rule == "last")
     return TargetInfo(
         name=name,
         vocab_size=int(text_cfg.vocab_size),

@@ -4,6 +4,9 @@
     spread  `target.num_capture_layers` layers spread over the target (default_layer_ids); DSpark's
     eagle3  EAGLE-3's usual low, middle and high layers [1, N//2 - 1, N - 4] (models/eagle3.py
             eagle3_layer_ids), which conf/draft/eagle3.yaml selects
+    last    the last layer alone, [N - 1]: the target's own MTP head reads its output after the
+            final norm (models/mtp.py; conf/draft/mtp.yaml). Only this rule captures the last
+            layer (`check_layer_ids`); a draft family that cannot use it is refused at build.
 Ids are our capture's: the output of layer l (HF hidden_states[l + 1]).
 """
 
@@ -31,7 +34,7 @@ def default_layer_ids(num_layers: int, m: int = 5) -> list[int]:
     return ids
 
 
-LAYER_RULES = ("spread", "eagle3")
+LAYER_RULES = ("spread", "eagle3", "last")
 
 
 def rule_layer_ids(num_layers: int, m: int = 5, rule: str = "spread") -> list[int]:
@@ -41,6 +44,8 @@ def rule_layer_ids(num_layers: int, m: int = 5, rule: str = "spread") -> list[in
 
     if rule == "spread":
         return default_layer_ids(num_layers, m)
+    if rule == "last":
+        return [num_layers - 1]
     if rule != "eagle3":
         raise UserError(f"target.layer_rule={rule!r}: must be one of {', '.join(LAYER_RULES)}")
     from splitserve.models.eagle3 import eagle3_layer_ids  # models sits below target
@@ -74,9 +79,11 @@ def repeated(layer_ids: list[int]) -> list[int]:
     return sorted({i for i in layer_ids if layer_ids.count(i) > 1})
 
 
-def check_layer_ids(layer_ids: list[int], num_layers: int, from_rule: bool | None = None) -> None:
+def check_layer_ids(layer_ids: list[int], num_layers: int, from_rule: bool | None = None,
+                    allow_last: bool = False) -> None:
     """Refuse captured layers a target cannot give: none, one out of range, or one twice (a
-    repeat adds no information, and SGLang and vLLM capture each layer once).
+    repeat adds no information, and SGLang and vLLM capture each layer once). The last layer is
+    out of range unless `allow_last` (target.layer_rule=last).
 
     `from_rule`: the ids are the default rule's (target.layer_ids unset), which the message then
     names with target.num_capture_layers; None: taken to be so when they equal what the rule
@@ -85,11 +92,12 @@ def check_layer_ids(layer_ids: list[int], num_layers: int, from_rule: bool | Non
 
     if not layer_ids:
         raise UserError("target.layer_ids is empty")
-    bad = [i for i in layer_ids if not 0 <= i < num_layers - 1]
+    top = num_layers if allow_last else num_layers - 1
+    bad = [i for i in layer_ids if not 0 <= i < top]
     if bad:
         raise UserError(
             f"target.layer_ids {bad} out of range for a {num_layers}-layer target "
-            f"(valid: 0..{num_layers - 2}; the last layer is never captured)"
+            f"(valid: 0..{top - 1}; the last layer is captured only by target.layer_rule=last)"
         )
     twice = repeated(list(layer_ids))
     if not twice:

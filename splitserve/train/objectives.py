@@ -8,8 +8,8 @@ and nothing family-specific:
                                          and micro-batches scale their losses by own / global weight
     loss(draft, batch, plan)             -> LossOut (train/losses.py)
 
-dspark and dflash train random anchor blocks (train/step.py); eagle3 trains a training-time
-test over every position (train/ttt.py). A family accepts the loss kinds its rows fit.
+dspark and dflash train random anchor blocks (train/step.py); eagle3 and mtp (the target's own
+MTP head) train a training-time test over every position (train/ttt.py). A family accepts the loss kinds its rows fit.
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ class BlockObjective:
 
 # family -> (objective, the loss kinds it trains with, what to say when another is asked for)
 OBJECTIVES = {
-    "dspark": (BlockObjective, ("paper", "prefix"), "loss.kind=ttt is EAGLE-3's (draft=eagle3)"),
-    "dflash": (BlockObjective, ("paper", "prefix"), "loss.kind=ttt is EAGLE-3's (draft=eagle3)"),
+    "dspark": (BlockObjective, ("paper", "prefix"), "loss.kind=ttt is EAGLE-3's and MTP's (draft=eagle3, draft=mtp)"),
+    "dflash": (BlockObjective, ("paper", "prefix"), "loss.kind=ttt is EAGLE-3's and MTP's (draft=eagle3, draft=mtp)"),
     "eagle3": (TTTObjective, ("ttt",), "its loss is the training-time test's (draft=eagle3 sets it)"),
+    "mtp": (TTTObjective, ("ttt",), "its loss is the training-time test's (draft=mtp sets it)"),
 }
 
 

@@ -140,7 +140,7 @@ def training_tokens(cfg: RunConfig, target, source) -> Iterator[tuple[torch.Tens
 
 
 class TTTObjective:
-    """The training side of draft.family=eagle3 (train/objectives.py)."""
+    """The training side of draft.family=eagle3 and mtp (train/objectives.py)."""
 
     def __init__(self, cfg: RunConfig):
         d = cfg.draft
@@ -150,7 +150,9 @@ class TTTObjective:
                 raise UserError(f"draft.{key}={value}: must be positive")
         self.decay, self.loss_cfg, self.chunk_rows = d.ttt_decay, cfg.loss, cfg.train.loss_chunk_rows
 
-    def prepare(self, draft, cfg: RunConfig, target, source) -> str:
+    def prepare(self, draft, cfg: RunConfig, target, source) -> str | None:
+        if not hasattr(draft, "set_vocab"):  # mtp: the target's own head drafts over its whole vocabulary
+            return None
         counts = count_tokens(training_tokens(cfg, target, source), draft.arch.vocab_size)  # (V,)
         vocab = build_vocab_map(counts, draft.arch.draft_vocab_size)
         draft.set_vocab(vocab)
