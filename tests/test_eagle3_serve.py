@@ -194,6 +194,34 @@ def test_cuda_graph_rounds_equal_eager_rounds():
         assert ("spec", 1.0, graphed.windows[0], (params.top_k, params.top_p)) in graphed.graphs
 
 
+def sample_two_tokens(target, draft, prompt: list[int], anchor: int, n: int):
+    """T=1 engine rounds of a chain draft after prompt + [anchor], each sample rewinding the
+    committed length, the anchor and the chain's first state: -> counts (V,) of the first and of
+    the second token, and every round's accepted count. One prefill, whose draw is replaced by
+    `anchor` (the draft reads it with the prompt's last state, as after a prefill that drew it)."""
+    vocab = target.info.vocab_size
+    engine = Engine(target, draft, EngineConfig(max_context=16, seed=0))
+    engine._prefill(prompt, 1.0)
+    with torch.no_grad():
+        engine.drafter.commit(target.capture(torch.tensor([prompt])).aux, 0, torch.tensor(prompt[1:] + [anchor]),
+                              len(prompt) - 1)
+    h0 = engine.drafter.h0.clone()
+    first, second, accepted = torch.zeros(vocab), torch.zeros(vocab), []
+    for _ in range(n):
+        engine.seq_len.fill_(len(prompt))
+        engine.anchor.fill_(anchor)
+        engine.drafter.h0.copy_(h0)
+        toks = []
+        while len(toks) < 2:
+            engine._spec_round(1.0, engine.windows[-1])
+            out = engine.out.tolist()
+            toks += out[1 : out[0] + 2]
+            accepted.append(out[0])
+        first[toks[0]] += 1
+        second[toks[1]] += 1
+    return first, second, accepted
+
+
 def test_sampling_matches_target_distribution():
     """T=1: exact marginals of the two tokens after a fixed anchor vs engine samples (V=16), as
     test_serve_engine's; the draft proposes from 12 of the 16 ids, the target's two most likely
@@ -213,26 +241,8 @@ def test_sampling_matches_target_distribution():
     draft = _eagle3(target, gamma=3, vocab=12, std=0)
     kept = torch.tensor([i for i in range(16) if i not in left_out.tolist()][:12])
     draft.set_vocab(VocabMap.from_ids(kept, 16))  # the draft's lm_head: the target's rows of its 12 ids
-    engine = Engine(target, draft, EngineConfig(max_context=16, seed=0))
-    engine._prefill(prompt, 1.0)
-    engine.anchor.fill_(anchor)
-    with torch.no_grad():  # the draft reads the anchor with the prompt's last state, as after a prefill that drew it
-        engine.drafter.commit(target.capture(torch.tensor([prompt])).aux, 0, torch.tensor(ctx[1:]), len(prompt) - 1)
-    h0 = engine.drafter.h0.clone()
     n = 1500
-    first, second, accepted = torch.zeros(16), torch.zeros(16), []
-    for _ in range(n):
-        engine.seq_len.fill_(len(prompt))
-        engine.anchor.fill_(anchor)
-        engine.drafter.h0.copy_(h0)
-        toks = []
-        while len(toks) < 2:
-            engine._spec_round(1.0, engine.windows[-1])
-            out = engine.out.tolist()
-            toks += out[1 : out[0] + 2]
-            accepted.append(out[0])
-        first[toks[0]] += 1
-        second[toks[1]] += 1
+    first, second, accepted = sample_two_tokens(target, draft, prompt, anchor, n)
     # 1500 samples: a frequency's std is at most ~0.013; 0.05 is ~4 sigma.
     assert (first / n - p1).abs().max() < 0.05
     assert (second / n - p2).abs().max() < 0.05

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from mtp_tiny import load_mtp_target, mtp_draft, save_mtp_target
 from safetensors import safe_open
+from test_eagle3_serve import _corrupting, sample_two_tokens
 
 import splitserve.speculative.decode as decode
 from splitserve.config import DraftConfig, EngineConfig, RunConfig, TargetConfig
@@ -94,18 +95,6 @@ def _overfit(target, draft, seq: list[int], steps: int = 80) -> None:
         loss.backward()
         opt.step()
     draft.eval()
-
-
-def _corrupting(drafter, bad: set[int], vocab: int):
-    real = drafter.propose
-
-    def propose(anchor, p, temperature=0.0, generator=None, window=None):
-        tokens, probs, conf = real(anchor, p, temperature, generator, window)
-        wrong = torch.tensor([int(p) + 1 + k in bad for k in range(len(tokens))])
-        return torch.where(wrong, (tokens + 1) % vocab, tokens), probs, conf
-
-    drafter.propose = propose
-    return drafter
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -197,25 +186,8 @@ def test_sampling_matches_target_distribution(targets):
             p1 = torch.softmax(lm(torch.tensor([ctx])).logits[0, -1], -1)  # (V,)
             nxt = torch.cat([torch.tensor([ctx]).expand(96, 4), torch.arange(96)[:, None]], 1)
             p2 = p1 @ torch.softmax(lm(nxt).logits[:, -1], -1)
-            draft = mtp_draft(target, steps=2)
-            engine = Engine(target, draft, EngineConfig(max_context=16, seed=0))
-            engine._prefill(prompt, 1.0)
-            engine.drafter.commit(target.capture(torch.tensor([prompt])).aux, 0, torch.tensor(ctx[1:]), len(prompt) - 1)
-            h0 = engine.drafter.h0.clone()
             n = 600
-            first, second, accepted = torch.zeros(96), torch.zeros(96), []
-            for _ in range(n):
-                engine.seq_len.fill_(len(prompt))
-                engine.anchor.fill_(anchor)
-                engine.drafter.h0.copy_(h0)
-                toks = []
-                while len(toks) < 2:
-                    engine._spec_round(1.0, engine.windows[-1])
-                    out = engine.out.tolist()
-                    toks += out[1: out[0] + 2]
-                    accepted.append(out[0])
-                first[toks[0]] += 1
-                second[toks[1]] += 1
+            first, second, accepted = sample_two_tokens(target, mtp_draft(target, steps=2), prompt, anchor, n)
         finally:
             lm.lm_head.weight.div_(0.05)
     # 600 samples: a frequency's std is at most ~0.02; 0.08 is ~4 sigma.

@@ -55,3 +55,14 @@ def test_training_moves_only_the_mtp_weights_lowers_the_loss_and_the_run_serves(
     capsys.readouterr()
     loop.train(cfg, target, source=TargetSource(target, samples))  # its draft_arch.json fits: it resumes
     assert "resumed from" in capsys.readouterr().out
+
+
+def test_export_refuses_an_mtp_run_in_one_line(tmp_path):
+    from splitserve.cli.export import export_main
+    from splitserve.errors import UserError
+    from splitserve.models.run_files import ARCH_FILE
+
+    (tmp_path / ARCH_FILE).write_text(json.dumps({"family": "mtp", "arch": {}}))
+    with pytest.raises(UserError, match="draft=mtp run: its head is not exported yet") as err:
+        export_main([str(tmp_path), str(tmp_path / "out")])
+    assert "\n" not in str(err.value)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from splitserve.checks import check_export_dir, draft_meta
 from splitserve.cli.flags import Flags, new_parser
+from splitserve.errors import UserError
 
 
 def export_parser() -> tuple[argparse.ArgumentParser, Flags]:
@@ -37,7 +38,11 @@ def export_main(argv: list[str]) -> None:
     from splitserve.config import ExportCommand, ModelsConfig
 
     cmd = f.build(ExportCommand, args)
-    eagle3 = _family(cmd.run_dir) == "eagle3"
+    family = _family(cmd.run_dir)
+    if family == "mtp":
+        raise UserError(f"{cmd.run_dir} is a draft=mtp run: its head is not exported yet (vLLM and SGLang serve a "
+                        "target's own MTP head natively, docs/mtp.md)")
+    eagle3 = family == "eagle3"
     if eagle3:  # its options are refused before anything loads, as DSpark's below
         from splitserve.export.eagle3 import refuse_options as refuse_eagle3_options
 
