@@ -108,6 +108,7 @@ def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
     if args.loss_chunk_rows is not None:
         settings["train.loss_chunk_rows"] = args.loss_chunk_rows
     groups = [f"draft={draft}"] + ([] if draft in AS_PUBLISHED else [f"loss={loss}"])
+    groups += [f"target={args.target}"] if getattr(args, "target", None) else []
     overrides = [*groups, *(f"{k}={_value(v)}" for k, v in settings.items())]
     cfg = compose(overrides)
     markov_rank = getattr(args, "markov_rank", None)
@@ -341,6 +342,7 @@ def main() -> None:
     t.add_argument("--save-every", type=int, default=50)
     t.add_argument("--log-every", type=int, default=25)
     t.add_argument("--device", default="cuda")
+    t.add_argument("--target", default=None, help="a conf/target option, e.g. gemma3-270m (default: the config's)")
     t.add_argument("--capture-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="target.capture_graphs (target/bucketed.py); default: the config's (on for CUDA)")
     t.add_argument("--group-tokens", type=int, default=None,

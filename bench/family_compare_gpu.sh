@@ -7,10 +7,13 @@
 # plot are made afterwards, on any machine, by bench/family_compare.py.
 # On a GPU machine whose SmolLM2 parts were stashed by bench/device_smollm2.sh, with the chitchat
 # train.jsonl / heldout_prompts.jsonl in $DATA (see bench/public_shape_gpu.sh):
+#   bash bench/family_compare_gpu.sh gen ROWS         (another target) regenerate the first reply of ROWS
+#                                                     training rows with $TARGET itself, greedy, into $WORK/train.jsonl
 #   bash bench/family_compare_gpu.sh train MINUTES    both seeds' runs at once, every run MINUTES of wall time
 #   bash bench/family_compare_gpu.sh eval             both seeds at the step every run of both reached
 #   bash bench/family_compare_gpu.sh bench REQUESTS   each family's seed-0 draft, REQUESTS held-out prompts, --baseline
 # Work lives in $WORK (default /tmp/families); what the table needs is copied to $OUT when it is set.
+# TARGET (default smollm2-135m) is a conf/target option; for gemma3-270m, source bench/device_gemma3.sh env first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env
@@ -19,14 +22,25 @@ WORK=${WORK:-/tmp/families}
 DATA=${DATA:-.whl/data}
 RUNS=${RUNS:-"dspark_b8:prefix dspark_b16:prefix dflash_b16:dflash_ce eagle3:ttt"}
 SEEDS=${SEEDS:-"0 1"}
+TARGET=${TARGET:-smollm2-135m}
+TRAIN=$DATA/train.jsonl
+[ -f "$WORK/train.jsonl" ] && TRAIN=$WORK/train.jsonl  # the rows `gen` regenerated with $TARGET
 export PYTHONUNBUFFERED=1
 mkdir -p "$WORK"
-case "${1:?train MINUTES | eval | bench REQUESTS}" in
+case "${1:?gen ROWS | train MINUTES | eval | bench REQUESTS}" in
+gen)
+    python3 -m splitserve.cli gen --data "$DATA/train.jsonl" --target "$TARGET" --out "$WORK/train.jsonl.part" \
+        --max-rows "${2:?ROWS}" --max-turns 1 --max-new-tokens 256 --batch-size 256 --device cuda --dtype bfloat16 \
+        > "$WORK/gen.log" 2>&1 || { tail -n 30 "$WORK/gen.log"; exit 1; }
+    mv "$WORK/train.jsonl.part" "$WORK/train.jsonl"
+    tail -n 5 "$WORK/gen.log"
+    if [ -n "${OUT:-}" ]; then cp "$WORK/gen.log" "$OUT/"; fi
+    ;;
 train)
     for seed in $SEEDS; do
         # shellcheck disable=SC2086
-        python3 bench/ablation_gpu.py train --data "$DATA/train.jsonl" --prompts "$DATA/heldout_prompts.jsonl" \
-            --root "$WORK/seed$seed" --seed "$seed" --runs $RUNS --minutes "${2:?MINUTES}" --num-layers 4 \
+        python3 bench/ablation_gpu.py train --data "$TRAIN" --prompts "$DATA/heldout_prompts.jsonl" \
+            --target "$TARGET" --root "$WORK/seed$seed" --seed "$seed" --runs $RUNS --minutes "${2:?MINUTES}" --num-layers 4 \
             --save-every "${SAVE_EVERY:-100}" --capture-graphs --num-prompts "${PROMPTS:-30}" \
             --max-new-tokens "${NEW_TOKENS:-192}" > "$WORK/train_seed$seed.log" 2>&1 &
     done
