@@ -12,6 +12,8 @@
 #   bash bench/family_compare_gpu.sh train MINUTES    both seeds' runs at once, every run MINUTES of wall time
 #   bash bench/family_compare_gpu.sh eval             both seeds at the step every run of both reached
 #   bash bench/family_compare_gpu.sh bench REQUESTS   each family's seed-0 draft, REQUESTS held-out prompts, --baseline
+#   bash bench/family_compare_gpu.sh public REQUESTS  the public serving shape (random prompts, 7,000 in + 1,024 out,
+#                                                     SmolLM2's 8K context) for $PUBLIC_RUN's seed-0 draft, --baseline
 # Work lives in $WORK (default /tmp/families); what the table needs is copied to $OUT when it is set.
 # TARGET (default smollm2-135m) is a conf/target option; for gemma3-270m, source bench/device_gemma3.sh env first.
 set -euo pipefail
@@ -72,7 +74,7 @@ print(max(set.intersection(*(set(checkpoint_dirs(d)) for d in runs))))" $(for s 
         for seed in $SEEDS; do
             mkdir -p "$OUT/seed$seed"
             cp "$WORK/eval_seed$seed.log" "$OUT/seed$seed/"
-            (cd "$WORK/seed$seed" && tar czf "$OUT/seed$seed/sweep.tar.gz" --exclude=checkpoints sweep)
+            (cd "$WORK/seed$seed" && tar czf "$OUT/seed$seed/sweep.tar.gz" sweep)  # its checkpoints hold state.json only
         done
     fi
     ;;
@@ -92,5 +94,16 @@ bench)
         first=0
     done
     if [ -n "${OUT:-}" ]; then mkdir -p "$OUT/bench" && cp "$WORK"/bench/* "$OUT/bench/"; fi
+    ;;
+public)
+    seed=$(echo $SEEDS | cut -d' ' -f1)
+    run=$(ls -d "$WORK/seed$seed"/runs/*"draft=${PUBLIC_RUN:-dspark_b16},"* | head -n 1)
+    mkdir -p "$WORK/public"
+    python3 -m splitserve.cli bench --draft "$run" --device cuda --dtype bfloat16 --random \
+        --input-len "${INPUT_LEN:-7000}" --output-len "${OUTPUT_LEN:-1024}" --num-requests "${2:?REQUESTS}" \
+        --max-concurrency 1 --max-model-len 8192 --baseline --seed 0 --result-file "$WORK/public/bench.json" \
+        > "$WORK/public/bench.log" 2>&1 || { tail -n 30 "$WORK/public/bench.log"; exit 1; }
+    grep "^|" "$WORK/public/bench.log"
+    if [ -n "${OUT:-}" ]; then mkdir -p "$OUT/public" && cp "$WORK"/public/* "$OUT/public/"; fi
     ;;
 esac

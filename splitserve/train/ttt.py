@@ -165,7 +165,7 @@ class TTTObjective:
 
     def weight(self, plan: TTTPlan) -> float:
         per_step = plan.valid.sum(dim=(1, 2)).float()  # (k,)
-        return float((per_step * step_weights(torch.arange(per_step.numel()), self.decay)).sum())
+        return float((per_step * step_weights(torch.arange(per_step.numel(), device=per_step.device), self.decay)).sum())
 
     def loss(self, draft, batch: Batch, plan: TTTPlan) -> LossOut:
         return ttt_draft_loss(draft, batch, plan, self.loss_cfg, self.decay, self.chunk_rows)
