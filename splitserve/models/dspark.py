@@ -11,18 +11,19 @@ m captured target layers, r Markov rank.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from splitserve.models.candidate_chain import candidate_chain, supports_candidates
+from splitserve.models.families import ArchRecord
 from splitserve.models.heads import ConfidenceHead, MarkovHead
 from splitserve.models.layers import DraftLayer, RMSNorm, Rotary
 
 
 @dataclass(frozen=True)
-class DSparkArch:
+class DSparkArch(ArchRecord):
     """Fully resolved draft architecture (no defaults left to guess), plus the target identity."""
 
     vocab_size: int
@@ -46,17 +47,6 @@ class DSparkArch:
     @property
     def aux_dim(self) -> int:
         return len(self.target_layer_ids) * self.hidden_size
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["target_layer_ids"] = list(self.target_layer_ids)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "DSparkArch":
-        d = dict(d)
-        d["target_layer_ids"] = tuple(d["target_layer_ids"])
-        return cls(**d)
 
 
 class DSparkDraft(nn.Module):

@@ -26,12 +26,13 @@ N draft vocab, m captured layers, k training-time-test steps.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from splitserve.models.families import ArchRecord
 from splitserve.models.layers import RMSNorm, Rotary, SwiGLU, apply_rotary
 from splitserve.models.vocab_map import VocabMap
 
@@ -45,7 +46,7 @@ def eagle3_layer_ids(num_layers: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Eagle3Arch:
+class Eagle3Arch(ArchRecord):
     """Fully resolved EAGLE-3 architecture, plus the target identity."""
 
     vocab_size: int  # V: the target's
@@ -72,17 +73,6 @@ class Eagle3Arch:
         """γ: the tokens a served round drafts, one chain step each; the depth it was trained to
         chain (speculative/eagle3_chain.py)."""
         return self.ttt_steps
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["target_layer_ids"] = list(self.target_layer_ids)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Eagle3Arch:
-        d = dict(d)
-        d["target_layer_ids"] = tuple(d["target_layer_ids"])
-        return cls(**d)
 
 
 class Eagle3Cache:

@@ -20,10 +20,26 @@ so one loop, one checkpoint format and one loader serve every family.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from splitserve.errors import UserError
+
+
+class ArchRecord:
+    """to_dict / from_dict of a family's frozen arch dataclass (draft_arch.json): JSON holds the
+    captured layer ids as a list where the arch keeps a tuple. Arches inherit it."""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["target_layer_ids"] = list(d["target_layer_ids"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        d = dict(d)
+        d["target_layer_ids"] = tuple(d["target_layer_ids"])
+        return cls(**d)
 
 
 @dataclass(frozen=True)

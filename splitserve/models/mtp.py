@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,6 +46,7 @@ from torch import nn
 
 from splitserve.errors import UserError
 from splitserve.models.eagle3 import chunk_mask, unroll_chain
+from splitserve.models.families import ArchRecord
 from splitserve.models.vocab_map import VocabMap
 
 # The config fields that declare MTP layers, as vLLM's speculative config reads them.
@@ -118,7 +119,7 @@ def require_mtp_layout(config: Any) -> MtpLayout:
 
 
 @dataclass(frozen=True)
-class MtpArch:
+class MtpArch(ArchRecord):
     """The MTP draft: the target's MTP layers as its config declares them, plus the target identity."""
 
     vocab_size: int
@@ -142,17 +143,6 @@ class MtpArch:
     @property
     def layout(self) -> MtpLayout:
         return MtpLayout(self.style, self.field, self.num_mtp_layers)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["target_layer_ids"] = list(self.target_layer_ids)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> MtpArch:
-        d = dict(d)
-        d["target_layer_ids"] = tuple(d["target_layer_ids"])
-        return cls(**d)
 
 
 def block_config(arch: MtpArch) -> Any:
