@@ -38,7 +38,13 @@ def export_main(argv: list[str]) -> None:
     from splitserve.config import ExportCommand, ModelsConfig
 
     cmd = f.build(ExportCommand, args)
-    family = _family(cmd.run_dir)
+    written = _arch_file(cmd.run_dir)
+    family = written.get("family", "dspark") if written else None
+    window = (written or {}).get("arch", {}).get("context_window", 0)
+    if window:
+        raise UserError(f"{cmd.run_dir} was trained with draft.context_window={window}: vLLM's and SGLang's DSpark "
+                        "read the whole context, so served acceptance would differ from what was trained; serve it "
+                        "with splitserve serve, or train without a window to export")
     if family == "mtp":
         raise UserError(f"{cmd.run_dir} is a draft=mtp run: its head is not exported yet (vLLM and SGLang serve a "
                         "target's own MTP head natively, docs/mtp.md)")
@@ -108,17 +114,18 @@ def export_main(argv: list[str]) -> None:
     print(f"exported {cmd.run_dir} ({meta.kind}) -> {out}" + (" with STS calibration" if calibration else ""))
 
 
-def _family(run_dir: str) -> str | None:
-    """The draft family a run directory's draft_arch.json names, read alone (no weights, no arch);
-    None for anything else: an export directory (DSpark's) or one refused later, in order."""
+def _arch_file(run_dir: str) -> dict | None:
+    """A run directory's draft_arch.json read alone (no weights, no arch built): its family and
+    arch fields; None for anything else: an export directory (DSpark's) or one refused later."""
     import json
 
     from splitserve.models.run_files import ARCH_FILE
 
     try:
-        return json.loads((Path(run_dir) / ARCH_FILE).read_text()).get("family", "dspark")
-    except (OSError, ValueError, AttributeError):
+        written = json.loads((Path(run_dir) / ARCH_FILE).read_text())
+    except (OSError, ValueError):
         return None
+    return written if isinstance(written, dict) else None
 
 
 def _export_eagle3(cmd, meta, draft, target, served_target: str, max_pos: int) -> None:

@@ -65,6 +65,9 @@ class DraftConfig:
     enable_confidence_head: bool = True
     mask_token_id: int | None = None  # None: pick an unused special token of the tokenizer
     rope_theta: float | None = None
+    # dspark and dflash: the block attends to the last context_window context positions only
+    # (p-W..p-1 for an anchor at p), in training and in serving alike; 0: the whole context.
+    context_window: int = 0
     # eagle3 and mtp. Training-time test: unrolled draft steps per position (a served round's γ), and the weight
     # ttt_decay^j of step j's loss (speculators: 3 steps; SpecForge: 7 steps at 0.8).
     ttt_steps: int = 3

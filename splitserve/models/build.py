@@ -70,6 +70,8 @@ def resolve_dspark(cfg: DraftConfig, info: TargetInfo, target_config: Any, token
     """target_config: the target's HF config, for default attention/MLP shapes."""
     if cfg.block_size < 1:
         raise ValueError(f"draft.block_size must be >= 1, got {cfg.block_size}")
+    if cfg.context_window < 0:
+        raise UserError(f"draft.context_window={cfg.context_window}: must be >= 0 (0: the whole context)")
     return DSparkArch(
         vocab_size=info.vocab_size,
         hidden_size=info.hidden_size,
@@ -82,6 +84,7 @@ def resolve_dspark(cfg: DraftConfig, info: TargetInfo, target_config: Any, token
         markov_rank=cfg.markov_rank,
         markov_head_type=cfg.markov_head_type,
         enable_confidence_head=cfg.enable_confidence_head,
+        context_window=cfg.context_window,
         target_name=info.name,
         target_num_layers=info.num_layers,
     )
@@ -193,7 +196,8 @@ def build_draft(arch, target):
 
 
 def _describe_dspark(a: DSparkArch) -> str:
-    return f"{a.num_layers} layers, γ={a.block_size}, markov_rank={a.markov_rank}"
+    window = f", context window {a.context_window}" if a.context_window else ""
+    return f"{a.num_layers} layers, γ={a.block_size}, markov_rank={a.markov_rank}{window}"
 
 
 def _describe_eagle3(a: Eagle3Arch) -> str:
@@ -201,12 +205,12 @@ def _describe_eagle3(a: Eagle3Arch) -> str:
             f"draft vocabulary {a.draft_vocab_size:,} of {a.vocab_size:,}")
 
 
-register(DraftFamily("dspark", DSparkArch, DSparkDraft, resolve_dspark, _describe_dspark))
-register(DraftFamily("dflash", DSparkArch, DSparkDraft, resolve_dflash, _describe_dspark))
 def _describe_mtp(a: MtpArch) -> str:
     return (f"the target's own MTP head ({a.num_mtp_layers} layer(s) from {a.field}, {a.style} layout), "
             f"{a.ttt_steps} chain steps")
 
 
+register(DraftFamily("dspark", DSparkArch, DSparkDraft, resolve_dspark, _describe_dspark))
+register(DraftFamily("dflash", DSparkArch, DSparkDraft, resolve_dflash, _describe_dspark))
 register(DraftFamily("eagle3", Eagle3Arch, Eagle3Draft, resolve_eagle3, _describe_eagle3))
 register(DraftFamily("mtp", MtpArch, MtpDraft, resolve_mtp, _describe_mtp))

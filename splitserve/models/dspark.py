@@ -41,6 +41,7 @@ class DSparkArch(ArchRecord):
     markov_rank: int = 256
     markov_head_type: str = "vanilla"
     enable_confidence_head: bool = True
+    context_window: int = 0  # W: the block reads context positions p-W..p-1 only; 0: all of them
     target_name: str = ""
     target_num_layers: int = 0
 

@@ -45,6 +45,7 @@ class StaticDraftContext:
                        for _ in range(a.num_layers)]
         self._slots = torch.arange(max_len, device=device)  # (L,)
         self._block = torch.ones(a.block_size, dtype=torch.bool, device=device)  # (γ,)
+        self.context_window = a.context_window  # W: slots p-W..p-1 only; 0: all below p
 
     def write(self, aux: torch.Tensor, positions: torch.Tensor) -> None:
         """aux: (1, T, m*D) captures at positions (T,), written in place. Writing a whole verify
@@ -61,6 +62,10 @@ class StaticDraftContext:
 
     def block_mask(self, anchor_pos: torch.Tensor, w: int | None = None) -> torch.Tensor:
         """anchor_pos: () committed length p -> (1, 1, γ, W+γ) bool: slots < p among the first W
-        (default all L), then the whole block."""
-        row = torch.cat([self._slots[:w] < anchor_pos, self._block])  # (W+γ,)
+        (default all L), from p - context_window on when the draft has one, then the whole block."""
+        slots = self._slots[:w]
+        seen = slots < anchor_pos
+        if self.context_window:
+            seen = seen & (slots >= anchor_pos - self.context_window)
+        row = torch.cat([seen, self._block])  # (W+γ,)
         return row.expand(self._block.shape[0], -1)[None, None]

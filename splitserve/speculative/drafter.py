@@ -32,6 +32,7 @@ Glossary: γ tokens a round drafts, V target vocab, m·D captured width, P promp
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -62,7 +63,10 @@ class DSparkReferenceDrafter:
         self.ctx = DynamicDraftContext(draft)
 
     def propose(self, anchor, p, temperature=0.0, generator=None, window=None) -> Proposal:
-        return self.draft.draft(self.ctx.kv, anchor, p, temperature, generator)
+        kv, w = self.ctx.kv, self.draft.arch.context_window
+        if w:  # the last W committed positions, p-W..p-1 (as training's mask, train/packing.py)
+            kv = [(k[:, :, -w:], v[:, :, -w:]) for k, v in kv]
+        return self.draft.draft(kv, anchor, p, temperature, generator)
 
     def commit(self, aux, start, tokens, n, window=None) -> None:
         self.ctx.append(aux[:, : n + 1], start)  # DSpark reads captures only, not the tokens
@@ -70,12 +74,17 @@ class DSparkReferenceDrafter:
 
 class DSparkEngineDrafter:
     """DSpark's block over the static context. `attend` (layers.Attend) reads the block's K/V in
-    place in the context cache; None concatenates the context window with the block under a mask."""
+    place in the context cache; None concatenates the context window with the block under a mask.
+    A draft with a context window W reads slots p-W..p-1 of the context: the kernel through its
+    sliding window of W+γ slots behind the block's last slot p+γ-1, the mask by its lower bound."""
 
     def __init__(self, draft: DSparkDraft, capacity: int, device: torch.device, dtype: torch.dtype,
                  attend=None, markov_topk: int = 0, markov_kernel: bool = True):
         self.draft, self.gamma = draft, draft.arch.block_size
         self.ctx = StaticDraftContext(draft, capacity, device, dtype)
+        w = draft.arch.context_window
+        if attend is not None and w:
+            attend = partial(attend, sliding_window=w + self.gamma)
         self.attend, self.markov_topk, self.markov_kernel = attend, markov_topk, markov_kernel
         self._slots = torch.arange(capacity, device=device)  # (L,)
 

@@ -68,8 +68,10 @@ def pack_blocks(
     anchor_valid: torch.Tensor,
     block_size: int,
     mask_token_id: int,
+    context_window: int = 0,
 ) -> PackedBlocks:
-    """input_ids, loss_mask: (B, T); anchors, anchor_valid: (B, N) -> PackedBlocks."""
+    """input_ids, loss_mask: (B, T); anchors, anchor_valid: (B, N) -> PackedBlocks.
+    context_window W > 0: a block anchored at a sees context a-W..a-1 only (as served)."""
     b, t = input_ids.shape
     n, g = anchors.shape[1], block_size
     dev = input_ids.device
@@ -90,7 +92,10 @@ def pack_blocks(
     label_valid = torch.cumprod((inside & on_loss).to(torch.int32), dim=-1).bool() & anchor_valid[:, :, None]
 
     # Context part: query in block n sees context t < a_n.  (B, N, 1, T) -> (B, N*γ, T)
-    ctx_ok = torch.arange(t, device=dev)[None, None, None, :] < anchors[:, :, None, None]
+    ctx_pos = torch.arange(t, device=dev)[None, None, None, :]
+    ctx_ok = ctx_pos < anchors[:, :, None, None]
+    if context_window > 0:
+        ctx_ok = ctx_ok & (ctx_pos >= anchors[:, :, None, None] - context_window)
     ctx_ok = ctx_ok.expand(b, n, g, t).reshape(b, n * g, t)
     # Block part: block-diagonal, bidirectional inside a block.  (N*γ, N*γ)
     blk = torch.arange(n, device=dev).repeat_interleave(g)

@@ -72,7 +72,8 @@ def plan_blocks(
     arch = draft.arch
     anchors, valid = sample_anchors(batch.loss_mask.cpu(), batch.lengths.cpu(), anchors_per_seq, generator)
     return pack_blocks(
-        batch.input_ids, batch.loss_mask, batch.lengths, anchors, valid, arch.block_size, arch.mask_token_id
+        batch.input_ids, batch.loss_mask, batch.lengths, anchors, valid, arch.block_size, arch.mask_token_id,
+        arch.context_window,
     )
 
 
