@@ -25,6 +25,16 @@ def user_error_types() -> tuple[type[BaseException], ...]:
             UnsupportedTargetError)
 
 
+def check_group_choices(overrides, cfg) -> None:
+    """A group option on the command line that a later group replaced (config.replaced_choices):
+    one line, before anything loads."""
+    from splitserve.config import replaced_choices
+    from splitserve.errors import UserError
+
+    for message in replaced_choices(overrides, cfg):
+        raise UserError(message)
+
+
 def check_run_config(cfg) -> None:
     """The settings of a train or dump run that name a choice or a count, checked before anything
     loads: a UserError naming the key, its value and what it may be (a typo otherwise surfaced

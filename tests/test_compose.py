@@ -70,12 +70,11 @@ def test_a_written_config_reads_back():
 @pytest.mark.parametrize("path", ["hydra", "plain"])
 def test_a_loss_choice_the_draft_replaces_is_refused(path, monkeypatch):
     """draft=eagle3 sets its own loss (conf/draft/eagle3.yaml): loss=paper beside it would be
-    silently dropped, so it is one UserError naming both; loss=ttt-tuning keys still apply."""
-    from splitserve.errors import UserError
-
+    silently dropped, so it is refused naming both (the CLI: one line, below); the loss's own keys
+    still apply."""
     if path == "plain":
         monkeypatch.setitem(__import__("sys").modules, "hydra", None)  # `import hydra` fails: the plain path
-    with pytest.raises(UserError, match=r"^loss=paper is not applied: draft=eagle3 sets its own loss \(ttt"):
+    with pytest.raises(ValueError, match=r"^loss=paper is not applied: draft=eagle3 sets its own loss \(ttt"):
         compose(["draft=eagle3", "loss=paper"])
     assert compose(["draft=eagle3", "loss.kl_weight=0.5"]).loss.kl_weight == 0.5
     assert compose(["draft=dspark_b8", "loss=paper"]).loss.name == "paper"

@@ -7,10 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-from splitserve.checks import (check_draft_target, check_run_config, check_target_layers, check_train_data,
-                               user_error_types)
+from splitserve.checks import (check_draft_target, check_group_choices, check_run_config, check_target_layers,
+                               check_train_data, user_error_types)
 from splitserve.config import conf_dir as config_conf_dir
-from splitserve.config import check_group_choices, save_resolved
+from splitserve.config import save_resolved
 
 
 def conf_dir() -> Path:

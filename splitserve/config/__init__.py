@@ -23,7 +23,7 @@ from splitserve.config.commands import (  # noqa: F401
     ServerConfig,
 )
 from splitserve.config.compose import (  # noqa: F401
-    check_group_choices,
+    replaced_choices,
     GROUPS,
     PACKAGE_CONF,
     compose,

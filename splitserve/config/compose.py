@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 from splitserve.config.run import RunConfig
-from splitserve.errors import UserError
 
 PACKAGE_CONF = Path(__file__).resolve().parents[1] / "conf"  # package data: ships in the wheel
 GROUPS = ("target", "draft", "data", "loss", "split", "experiment")  # the conf/ groups
@@ -45,19 +44,23 @@ def compose(overrides: list[str] | tuple[str, ...] = (), conf: str | Path | None
         cfg = compose_plain(list(overrides), conf)
     else:
         cfg = compose_hydra(list(overrides), conf)
-    check_group_choices(overrides, cfg)
+    for message in replaced_choices(overrides, cfg):
+        raise ValueError(message)
     return cfg
 
 
-def check_group_choices(overrides, cfg) -> None:
-    """A `loss=OPTION` the user chose that a later group replaced (draft=eagle3 sets its own loss,
-    conf/draft/eagle3.yaml) is refused in one line rather than trained with another loss unsaid."""
+def replaced_choices(overrides, cfg) -> list[str]:
+    """A `loss=OPTION` the user chose that a later group replaced (draft=eagle3 and draft=mtp set
+    their own loss): one message each, for compose (ValueError) and the CLI (checks.py, UserError)
+    to refuse, rather than train with another loss unsaid."""
+    found = []
     for override in overrides:
         key, _, option = str(override).partition("=")
         if key == "loss" and option != cfg.loss.name:
-            raise UserError(f"loss={option} is not applied: draft={cfg.draft.name} sets its own loss "
-                            f"({cfg.loss.name}, kind {cfg.loss.kind}); drop loss={option}, and tune that loss "
-                            "with loss.<key>=... instead")
+            found.append(f"loss={option} is not applied: draft={cfg.draft.name} sets its own loss "
+                         f"({cfg.loss.name}, kind {cfg.loss.kind}); drop loss={option}, and tune that loss "
+                         "with loss.<key>=... instead")
+    return found
 
 
 def compose_hydra(overrides: list[str], conf: Path) -> RunConfig:
