@@ -90,6 +90,9 @@ class DataConfig:
     # A row longer than max_length tokens: truncate (cut to it; counted in the data summary) | skip
     # (left out; counted under its own reason)
     overlong: str = "truncate"
+    # Join consecutive conversations into rows of at most this many tokens (<= max_length): long
+    # rows of real text for long-context training (data/concat.py); 0: one row per conversation.
+    concat_to: int = 0
     max_samples: int | None = None
     # A Jinja file replacing the tokenizer's chat template, for training rows and held-out prompts.
     chat_template: str | None = None

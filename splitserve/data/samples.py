@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from splitserve.data.chat import DEFAULT, ChatTemplate, TokenizedSample, tokenize_conversation
+from splitserve.data.concat import concatenate
 from splitserve.data.formats import parse_messages
 from splitserve.data.rows import DataError, fingerprint, iter_raw_rows
 
@@ -42,6 +43,7 @@ class LoadOptions:
     num_proc: int | None = None  # datasets.map worker processes (None: this process)
     cache: bool = False  # keep the tokenized samples under the splitserve cache dir
     overlong: str = "truncate"  # a row longer than max_length: cut to it and counted | skipped and counted
+    concat_to: int = 0  # consecutive conversations joined into rows of at most this many tokens (data/concat.py)
 
     def __post_init__(self):
         if self.overlong not in OVERLONG:
@@ -57,6 +59,7 @@ class DataStats:
     loss_tokens: int = 0
     skipped: dict[str, list[str]] = field(default_factory=dict)  # reason -> where each row was
     cached: bool = False  # read back from the cache rather than tokenized now
+    joined: int = 0  # conversations joined into `samples` rows by data.concat_to (0: none)
 
     @property
     def skipped_empty(self) -> int:
@@ -75,9 +78,11 @@ class DataStats:
                 shown = ", ".join(where[:SHOWN_PER_REASON]) + (", ..." if len(where) > SHOWN_PER_REASON else "")
                 quiet = reason in ("empty", "long")  # not faults: no row list
                 skipped.append(f"{len(where)} {REASON_WORDS[reason]}" + ("" if quiet else f" at {shown}"))
-        parts = [f"{self.rows} rows read, {self.samples} used"]
+        parts = [f"{self.rows} rows read, {self.joined or self.samples} used"]
         parts.append("skipped: " + "; ".join(skipped) if skipped else "none skipped")
         parts.append(f"{self.truncated} cut to data.max_length")
+        if self.joined:
+            parts.append(f"joined into {self.samples} rows of up to data.concat_to tokens")
         parts.append(f"{self.tokens:,} tokens ({self.loss_tokens:,} trained)" + (", from cache" if self.cached else ""))
         return "; ".join(parts)
 
@@ -216,10 +221,22 @@ def _load(entry: Path) -> tuple[list[TokenizedSample], DataStats]:
 def load_samples(
     path: str | Path, tokenizer: Any, max_length: int, limit: int | None = None, opts: LoadOptions | None = None,
 ) -> tuple[list[TokenizedSample], DataStats]:
-    """Read and tokenize a chat data path, stopping after `limit` samples."""
+    """Read and tokenize a chat data path, stopping after `limit` conversations; with
+    opts.concat_to, consecutive ones joined into longer rows (data/concat.py)."""
     opts = opts or LoadOptions()
     if max_length < 1:
         raise DataError(f"max_length must be positive, got {max_length}")
+    if not 0 <= opts.concat_to <= max_length:
+        raise DataError(f"data.concat_to={opts.concat_to}: must be between 0 (off) and data.max_length={max_length}")
+    samples, stats = _conversations(path, tokenizer, max_length, limit, opts)
+    if opts.concat_to:
+        stats.joined, samples = len(samples), concatenate(samples, opts.concat_to)
+        stats.samples = len(samples)
+    return samples, stats
+
+
+def _conversations(path, tokenizer, max_length: int, limit: int | None, opts: LoadOptions):
+    """One sample per conversation, from the tokenization cache when it is on."""
     if not opts.cache:
         return _tokenize(path, tokenizer, max_length, limit, opts)
     from filelock import FileLock
