@@ -108,7 +108,7 @@ def test_dump_then_train_equals_in_process(tiny_smol_dir, tmp_path):
     """The vocabulary counted from a dump's token index is the one counted from the tokenized
     data, and training from the dump gives the in-process run's weights bit for bit."""
     from splitserve.stream.dump_capture import run_dump
-    from splitserve.train.ttt import training_tokens
+    from splitserve.train.vocab import training_tokens
 
     def cfg(run):
         return compose(["draft=eagle3", f"target.path={tiny_smol_dir}", "target.name=tiny-smol",

@@ -286,3 +286,15 @@ def test_repeated_captured_layers_are_a_one_line_user_error(tmp_path):
     with pytest.raises(UserError, match=r"target_layer_ids \[1, 1, 4\] repeat a layer") as err:
         export_sglang(draft, tmp_path / "out", target.info.num_layers)
     assert "\n" not in str(err.value)
+
+
+def test_a_reduced_vocabulary_draft_is_written_over_the_whole_vocabulary(tmp_path):
+    """SGLang's DSpark has no id map: a reduced draft's Markov head is written expanded, shaped as
+    the loader's whole-vocabulary slots, its W2 rows at the draft's target ids."""
+    target, draft, exp, cfg, w = _export(tmp_path, draft_vocab_size=40)
+    assert draft.arch.reduced and cfg["vocab_size"] == 96
+    spec = sglang_spec(cfg)
+    assert set(w) == set(spec) and all(tuple(w[k].shape) == s for k, s in spec.items())
+    w2 = w["markov_head.markov_w2.weight"].float()  # (V, r)
+    torch.testing.assert_close(w2[draft.vocab.used], draft.markov.w2.weight.detach().bfloat16().float())
+    assert not w2[~draft.vocab.t2d].any()

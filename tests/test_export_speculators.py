@@ -181,3 +181,28 @@ def test_vllm_own_config_code_reads_our_export(tmp_path):
     assert hf["architectures"] == ["Qwen3DSparkModel"] and hf["target_layer_ids"] == list(draft.arch.target_layer_ids)
     assert hf["sample_from_anchor"] is True and hf["dspark_bonus_anchor"] is False
     assert ns["S"].extract_vllm_speculative_config(cfg) == {"method": "dspark", "num_speculative_tokens": GAMMA}
+
+
+def test_a_reduced_vocabulary_draft_is_exported_expanded_and_gives_its_logits(tmp_path):
+    """draft.draft_vocab_size: speculators' DSpark has no id map, so the export writes the head over
+    the whole vocabulary; speculators' model then gives the reduced draft's logits at its N ids."""
+    from splitserve.models.vocab_map import VocabMap
+
+    target, draft, _ = _export(tmp_path, markov_rank=8, draft_vocab_size=40)
+    draft.set_vocab(VocabMap.from_ids(torch.randperm(96, generator=torch.Generator().manual_seed(1))[:40], 96))
+    exp = export_speculators(draft, tmp_path / "reduced", str(tmp_path / "target"), ["LlamaForCausalLM"],
+                             target.info.hidden_size, 512, torch.float32)
+    config = DSparkSpeculatorConfig.from_pretrained(exp.out_dir)
+    assert config.draft_vocab_size == 96
+    config.transformer_layer_config._attn_implementation = "eager"
+    model = DSparkDraftModel.from_pretrained(exp.out_dir, config=config).eval()
+    ids = torch.randint(0, 90, (1, SEQ), generator=torch.Generator().manual_seed(0))
+    aux = target.capture(ids).aux
+    got, _ = _speculators_block(model, aux, ids, draft.arch.hidden_size)  # layer ids (1, 2, 4): in order
+    block = ids[:, CTX: CTX + GAMMA]
+    with torch.no_grad():
+        ctx = draft.context_kv(aux[:, :CTX], torch.arange(CTX)[None])
+        h = draft.backbone(draft.block_inputs(block[:, 0]), torch.arange(CTX, CTX + GAMMA)[None], ctx, None)
+        want = draft.logits(h, block)[0]  # (γ, N)
+    assert got.shape[-1] == 96
+    assert_float32_close(got[:, draft.vocab.used], want)

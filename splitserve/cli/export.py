@@ -67,6 +67,11 @@ def export_main(argv: list[str]) -> None:
     # An export needs of the target only its embedding and lm_head: two tensors, not the model.
     models = f.build(ModelsConfig, args, draft=cmd.run_dir, device="cpu", dtype="float32")
     target, draft = load_models(models, meta, shared_weights_only=True)
+    if not eagle3 and draft.arch.reduced and cmd.format in ("speculators", "sglang"):  # export_* expand it
+        print(f"note: {cmd.format}'s DSpark has no draft vocabulary map, so the draft's "
+              f"{draft.arch.draft_vocab_size:,}-token head is written over the target's whole "
+              f"{draft.arch.vocab_size:,} tokens (its logits on its own tokens unchanged, the others from the "
+              "backbone alone; docs/deploy.md)")
     calibration = load_calibration(cmd.run_dir)
     if out_dir.exists():  # --force: replaced whole, so no file of the old export survives
         import shutil

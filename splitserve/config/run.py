@@ -72,9 +72,11 @@ class DraftConfig:
     # ttt_decay^j of step j's loss (speculators: 3 steps; SpecForge: 7 steps at 0.8).
     ttt_steps: int = 3
     ttt_decay: float = 0.8
-    # eagle3 only: the lm_head's vocabulary, the most frequent trained tokens of the training data
-    # (models/vocab_map.py); capped at the target's vocabulary.
-    draft_vocab_size: int = 32000
+    # The lm_head's vocabulary N: the most frequent trained tokens of the training data
+    # (models/vocab_map.py), mapped back to target ids (d2t); capped at the target's vocabulary.
+    # 0: the family's default, eagle3 32000 (EAGLE-3's usual), dspark and dflash the target's
+    # whole vocabulary (a smaller N makes the draft's head products cheaper, docs/serving.md).
+    draft_vocab_size: int = 0
 
 
 @dataclass

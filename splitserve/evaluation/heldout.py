@@ -76,6 +76,8 @@ def evaluate_run(cfg: RunConfig, target: DecodingTarget, draft) -> dict[str, Eva
     if ev.compare_untrained:
         torch.manual_seed(cfg.train.seed)
         fresh = build_draft(draft.arch, target).eval()
+        if hasattr(fresh, "set_vocab") and getattr(draft, "vocab", None) is not None:
+            fresh.set_vocab(draft.vocab)  # the same draft vocabulary: only the training differs
         # Exactness is already checked on the trained draft; the baseline only needs its τ.
         reports["untrained"] = run(target, fresh, prompts, ev.max_new_tokens, ev.temperature,
                                    cfg.train.seed, check_exact=False, eos_ids=eos, desc="eval untrained")

@@ -56,6 +56,8 @@ class DSparkConfig(PretrainedConfig):
         target_hidden_size: int | None = None,
         num_target_layers: int = 0,
         confidence_temperatures: list[float] | None = None,
+        context_window: int = 0,
+        draft_vocab_size: int = 0,
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -73,6 +75,9 @@ class DSparkConfig(PretrainedConfig):
         self.markov_rank = markov_rank
         self.markov_head_type = markov_head_type
         self.enable_confidence_head = enable_confidence_head
+        self.context_window = context_window
+        # 0 < N < vocab_size: a reduced head over N tokens, its map (d2t, t2d) in the weights
+        self.draft_vocab_size = draft_vocab_size
         # The target's identity: a draft is refused by any other target.
         self.target_name = target_name
         self.target_vocab_size = target_vocab_size if target_vocab_size is not None else vocab_size
@@ -119,7 +124,7 @@ class DSparkDraftModel(PreTrainedModel):
         aux_hidden: (1, C, m*D) the target's captured hidden states for positions 0..C-1
         block_ids:  (1, γ) [anchor, x*_1 .. x*_{γ-1}]: the anchor sits at position C unless
                     `anchor_pos` says otherwise; the backbone input masks all but the anchor
-        returns     (1, γ, V) Markov-corrected draft logits
+        returns     (1, γ, N) Markov-corrected draft logits (N = V unless the draft vocabulary is reduced)
         """
         c = aux_hidden.shape[1]
         anchor_pos = c if anchor_pos is None else anchor_pos

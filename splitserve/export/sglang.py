@@ -49,6 +49,7 @@ from splitserve.export.engine_versions import layout_checked
 from splitserve.export.hybrid_serving import serving_notes
 from splitserve.export.names import ascending_layers, served_weights
 from splitserve.models.dspark import DSparkDraft
+from splitserve.models.dspark_vocab import expand_vocab
 
 SGLANG_VERSION = "0.5.23"  # the release every name here was read from
 ARCHITECTURE = "Qwen3DSparkModel"  # models/dspark.py EntryClass
@@ -170,7 +171,10 @@ def export_sglang(
 
     `target_config` (the target's HF config) selects the extra server flags of a hybrid target, or
     the reason SGLang cannot serve it; both are recorded under config.json's `splitserve` key (a
-    dense target records neither), and the files are written either way."""
+    dense target records neither), and the files are written either way. A draft over a reduced
+    vocabulary is written expanded to the target's (models/dspark_vocab.py): SGLang's DSpark has
+    no id map."""
+    draft = expand_vocab(draft)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = sglang_config(draft, target_num_layers, max_position_embeddings)

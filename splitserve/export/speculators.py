@@ -39,6 +39,7 @@ from splitserve.export.engine_versions import layout_checked
 from splitserve.export.hybrid_serving import serving_notes
 from splitserve.export.names import ascending_layers, served_weights
 from splitserve.models.dspark import DSparkDraft
+from splitserve.models.dspark_vocab import expand_vocab
 
 SPECULATORS_VERSION = "0.9.0"  # the release the layout was read from and tested against
 # speculators/models/dspark/config.py: markov_head_type: Literal["vanilla", "gated", "rnn"]
@@ -160,7 +161,10 @@ def export_speculators(
 
     `target_config` (the target's HF config) selects the extra `vllm serve` flags of a hybrid
     target, or the reason vLLM cannot serve it; both are recorded under config.json's `splitserve`
-    key (a dense target records neither), and the files are written either way."""
+    key (a dense target records neither), and the files are written either way. A draft over a
+    reduced vocabulary is written expanded to the target's (models/dspark_vocab.py): speculators'
+    DSpark has no id map."""
+    draft = expand_vocab(draft)
     cfg = speculators_config(draft, verifier_path, verifier_architectures, target_hidden_size,
                              max_position_embeddings, dtype)
     flags, refused = serving_notes(target_config, "speculators") if target_config is not None else ([], None)

@@ -21,6 +21,9 @@ from splitserve.models.mtp import MtpArch, MtpDraft, require_mtp_layout, text_co
 from splitserve.records import TargetInfo
 
 
+EAGLE3_DRAFT_VOCAB = 32000  # EAGLE-3's usual draft vocabulary (SpecForge, speculators)
+
+
 class DraftMismatchError(ValueError):
     """A draft was built or exported for another target."""
 
@@ -72,6 +75,7 @@ def resolve_dspark(cfg: DraftConfig, info: TargetInfo, target_config: Any, token
         raise ValueError(f"draft.block_size must be >= 1, got {cfg.block_size}")
     if cfg.context_window < 0:
         raise UserError(f"draft.context_window={cfg.context_window}: must be >= 0 (0: the whole context)")
+    _check_vocab_size(cfg)
     return DSparkArch(
         vocab_size=info.vocab_size,
         hidden_size=info.hidden_size,
@@ -85,9 +89,15 @@ def resolve_dspark(cfg: DraftConfig, info: TargetInfo, target_config: Any, token
         markov_head_type=cfg.markov_head_type,
         enable_confidence_head=cfg.enable_confidence_head,
         context_window=cfg.context_window,
+        draft_vocab_size=cfg.draft_vocab_size if cfg.draft_vocab_size < info.vocab_size else 0,
         target_name=info.name,
         target_num_layers=info.num_layers,
     )
+
+
+def _check_vocab_size(cfg: DraftConfig) -> None:
+    if cfg.draft_vocab_size < 0:
+        raise UserError(f"draft.draft_vocab_size={cfg.draft_vocab_size}: must be >= 0 (0: the family's default)")
 
 
 def resolve_dflash(cfg: DraftConfig, info: TargetInfo, target_config: Any, tokenizer: Any = None) -> DSparkArch:
@@ -103,15 +113,14 @@ def resolve_eagle3(cfg: DraftConfig, info: TargetInfo, target_config: Any, token
     """EAGLE-3 over the target's captured layers (three in its recipe, any number accepted)."""
     if cfg.ttt_steps < 1:
         raise UserError(f"draft.ttt_steps={cfg.ttt_steps}: must be at least 1")
-    if cfg.draft_vocab_size < 1:
-        raise UserError(f"draft.draft_vocab_size={cfg.draft_vocab_size}: must be at least 1")
+    _check_vocab_size(cfg)
     return Eagle3Arch(
         vocab_size=info.vocab_size,
         hidden_size=info.hidden_size,
         num_layers=cfg.num_layers,
         **_target_shapes(cfg, info, target_config),
         target_layer_ids=tuple(info.layer_ids),
-        draft_vocab_size=min(cfg.draft_vocab_size, info.vocab_size),
+        draft_vocab_size=min(cfg.draft_vocab_size or EAGLE3_DRAFT_VOCAB, info.vocab_size),
         ttt_steps=cfg.ttt_steps,
         target_name=info.name,
         target_num_layers=info.num_layers,
@@ -197,7 +206,8 @@ def build_draft(arch, target):
 
 def _describe_dspark(a: DSparkArch) -> str:
     window = f", context window {a.context_window}" if a.context_window else ""
-    return f"{a.num_layers} layers, γ={a.block_size}, markov_rank={a.markov_rank}{window}"
+    vocab = f", draft vocabulary {a.draft_vocab_size:,} of {a.vocab_size:,}" if a.reduced else ""
+    return f"{a.num_layers} layers, γ={a.block_size}, markov_rank={a.markov_rank}{window}{vocab}"
 
 
 def _describe_eagle3(a: Eagle3Arch) -> str:

@@ -4,9 +4,17 @@ a Markov head for neighbouring-token dependency and a confidence head.
 `markov_rank = 0` removes both the Markov bias and its features: the same class is then the
 DFlash-style baseline (independent parallel drafting).
 
+Reduced vocabulary (`draft_vocab_size = N`, 0 < N < V): the lm_head holds the target's rows of
+the N most frequent trained tokens (models/vocab_map.py, as EAGLE-3's d2t), so a round's head
+products read N rows instead of V. Its logits, the Markov bias W2 z and the sampled ids live in
+the draft's N ids; W1 reads those ids plus one shared row for every target token outside them
+(`head_ids`), and `draft` hands the round target ids and (γ, V) distributions that are zero off
+the N tokens, so verification stays lossless. Training's target distribution comes from the
+target's whole lm_head (`target_head`). N = 0 is the plain draft: no id is mapped.
+
 Plain nn.Module: no distributed code, no HF base class (export wraps it, see export/hf.py).
 Glossary: B batch, C context positions, Q block positions, γ block size, D hidden, V vocab,
-m captured target layers, r Markov rank.
+N the draft's vocabulary (V unless reduced), m captured target layers, r Markov rank.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from splitserve.models.candidate_chain import candidate_chain, supports_candidat
 from splitserve.models.families import ArchRecord
 from splitserve.models.heads import ConfidenceHead, MarkovHead
 from splitserve.models.layers import DraftLayer, RMSNorm, Rotary
+from splitserve.models.vocab_map import VocabMap
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,7 @@ class DSparkArch(ArchRecord):
     markov_head_type: str = "vanilla"
     enable_confidence_head: bool = True
     context_window: int = 0  # W: the block reads context positions p-W..p-1 only; 0: all of them
+    draft_vocab_size: int = 0  # N: the lm_head's tokens (0 < N < V: reduced); 0: the whole vocabulary
     target_name: str = ""
     target_num_layers: int = 0
 
@@ -49,15 +59,34 @@ class DSparkArch(ArchRecord):
     def aux_dim(self) -> int:
         return len(self.target_layer_ids) * self.hidden_size
 
+    @property
+    def reduced(self) -> bool:
+        return 0 < self.draft_vocab_size < self.vocab_size
+
+    @property
+    def head_vocab(self) -> int:
+        """N: the logits' width."""
+        return self.draft_vocab_size if self.reduced else self.vocab_size
+
 
 class DSparkDraft(nn.Module):
     def __init__(self, arch: DSparkArch):
         super().__init__()
         self.arch = arch
         a = arch
-        # Frozen, copied from the target (`load_shared`).
+        n = a.head_vocab
+        # Frozen, copied from the target (`load_shared`); reduced, the lm_head is the target's
+        # rows of the draft vocabulary and the whole one stays beside it for training.
         self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)
+        self.lm_head = nn.Linear(a.hidden_size, n, bias=False)
+        if a.reduced:
+            self.target_lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)
+            self.target_lm_head.requires_grad_(False)
+            first = VocabMap.first(n, a.vocab_size)  # until the data is counted (`set_vocab`)
+            self.register_buffer("d2t", first.d2t)  # (N,) int64
+            self.register_buffer("t2d", first.t2d)  # (V,) bool
+            self.register_buffer("head_index", self._head_index(first), persistent=False)  # (V,)
+            self.register_load_state_dict_post_hook(DSparkDraft._after_load)
         # Trained.
         self.fc = nn.Linear(a.aux_dim, a.hidden_size, bias=False)  # W_c
         self.ctx_norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
@@ -68,7 +97,7 @@ class DSparkDraft(nn.Module):
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self.rotary = Rotary(a.head_dim, a.rope_theta)
         self.markov = (
-            MarkovHead(a.vocab_size, a.markov_rank, a.hidden_size, a.markov_head_type)
+            MarkovHead(n, a.markov_rank, a.hidden_size, a.markov_head_type, in_vocab=n + a.reduced)
             if a.markov_rank > 0
             else None
         )
@@ -79,7 +108,7 @@ class DSparkDraft(nn.Module):
 
     def _init_trainable(self) -> None:
         for name, module in self.named_modules():
-            if isinstance(module, nn.Linear) and not name.startswith(("lm_head", "markov.w2")):
+            if isinstance(module, nn.Linear) and not name.startswith(("lm_head", "target_lm_head", "markov.w2")):
                 nn.init.normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
@@ -87,17 +116,78 @@ class DSparkDraft(nn.Module):
     @torch.no_grad()
     def load_shared(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         """Copy the target's token embedding and lm_head (both (V, D)) into the frozen slots."""
-        pairs = (("embedding", embed_weight, self.embed_tokens), ("lm_head", lm_head_weight, self.lm_head))
+        pairs = (("embedding", embed_weight, self.embed_tokens), ("lm_head", lm_head_weight, self.target_head))
         for name, w, slot in pairs:
             if tuple(w.shape) != tuple(slot.weight.shape):
                 raise ValueError(
                     f"target {name} has shape {tuple(w.shape)}, draft expects {tuple(slot.weight.shape)}"
                 )
             slot.weight.copy_(w.to(slot.weight.dtype))
+        if self.arch.reduced:
+            self._select_rows()
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Everything but the frozen shared weights (these come back from the target)."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith(("embed_tokens.", "lm_head."))}
+        """Everything but the frozen shared weights (these come back from the target); a reduced
+        draft's vocabulary map (d2t, t2d) included."""
+        frozen = ("embed_tokens.", "lm_head.", "target_lm_head.")
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(frozen)}
+
+    # ---- vocabulary -----------------------------------------------------------------------
+
+    @property
+    def target_head(self) -> nn.Linear:
+        """The target's own lm_head (V rows): training's target distribution."""
+        return self.target_lm_head if self.arch.reduced else self.lm_head
+
+    @property
+    def vocab(self) -> VocabMap | None:
+        """The reduced vocabulary's map (models/vocab_map.py); None for a whole-vocabulary draft."""
+        return VocabMap(self.d2t, self.t2d) if self.arch.reduced else None
+
+    @torch.no_grad()
+    def set_vocab(self, vocab: VocabMap) -> None:
+        """Adopt a draft vocabulary (a reduced draft only): the lm_head becomes the target's rows of it."""
+        a = self.arch
+        if not a.reduced or vocab.size != a.draft_vocab_size or vocab.t2d.numel() != a.vocab_size:
+            raise ValueError(f"a vocabulary map of {vocab.size} of {vocab.t2d.numel()} ids does not fit this draft "
+                             f"({a.head_vocab} of {a.vocab_size})")
+        vocab.check()
+        self.d2t.copy_(vocab.d2t)
+        self.t2d.copy_(vocab.t2d)
+        self._select_rows()
+
+    @staticmethod
+    def _head_index(vocab: VocabMap) -> torch.Tensor:
+        """(V,) the draft id of every target id, N for a token outside the draft vocabulary."""
+        ids = vocab.to_draft(torch.arange(vocab.t2d.numel(), device=vocab.t2d.device))
+        return torch.where(ids < 0, vocab.size, ids)
+
+    @torch.no_grad()
+    def _select_rows(self) -> None:
+        self.head_index.copy_(self._head_index(self.vocab))
+        self.lm_head.weight.copy_(self.target_lm_head.weight[self.vocab.used])
+
+    @staticmethod
+    def _after_load(module: "DSparkDraft", incompatible) -> None:
+        """A loaded map (a checkpoint's d2t, t2d) re-selects the lm_head's rows and the index."""
+        module._select_rows()
+
+    def head_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target ids (...) -> the ids W1 reads (...): the same ids, or for a reduced draft its
+        own id of each, N for a token outside its vocabulary."""
+        return self.head_index[ids] if self.arch.reduced else ids
+
+    def to_target(self, head_ids: torch.Tensor) -> torch.Tensor:
+        """The draft's ids (...) in 0..N-1 -> target ids (...)."""
+        return head_ids + self.d2t[head_ids] if self.arch.reduced else head_ids
+
+    def spread(self, probs: torch.Tensor) -> torch.Tensor:
+        """(..., N) distributions over the draft's ids -> (..., V) over the target's, zero off the
+        draft vocabulary (the rejection rule then draws those tokens from the residual only)."""
+        if not self.arch.reduced:
+            return probs
+        out = probs.new_zeros(*probs.shape[:-1], self.arch.vocab_size)
+        return out.index_copy_(-1, self.vocab.used, probs)
 
     # ---- backbone -------------------------------------------------------------------------
 
@@ -145,25 +235,29 @@ class DSparkDraft(nn.Module):
     # ---- heads ----------------------------------------------------------------------------
 
     def markov_latent(self, h: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
-        """Teacher-forced blocks. h: (..., γ, D), prev_ids: (..., γ) -> z: (..., γ, r), or None
-        without a Markov head. prev_ids are [x0, x*_1 .. x*_{γ-1}] for each block."""
-        return None if self.markov is None else self.markov.latent(prev_ids, h)
+        """Teacher-forced blocks. h: (..., γ, D), prev_ids: (..., γ) target ids -> z: (..., γ, r),
+        or None without a Markov head. prev_ids are [x0, x*_1 .. x*_{γ-1}] for each block."""
+        return None if self.markov is None else self.markov.latent(self.head_ids(prev_ids), h)
 
     def head_logits(self, h: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
-        """U + W2 z. h: (..., D), z: (..., r) or None -> (..., V)."""
+        """U + W2 z. h: (..., D), z: (..., r) or None -> (..., N) over the draft's ids."""
         u = self.lm_head(h)
         return u if z is None else u + self.markov.w2(z)
 
     def logits(self, h: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
         """Markov-corrected draft logits of teacher-forced blocks. h: (..., γ, D), prev_ids: (..., γ)
-        -> (..., γ, V)."""
+        target ids -> (..., γ, N)."""
         return self.head_logits(h, self.markov_latent(h, prev_ids))
 
     def confidence_logit(self, h: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
-        """h: (..., D), prev_ids: (...) -> logit of c_k: (...), or None without a confidence head."""
+        """h: (..., D), prev_ids: (...) target ids -> logit of c_k: (...), or None without a confidence head."""
+        return self._confidence(h, self.head_ids(prev_ids))
+
+    def _confidence(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor | None:
+        """As confidence_logit, prev (...) in the ids W1 reads (`head_ids`)."""
         if self.confidence is None:
             return None
-        feats = self.markov.features(prev_ids) if self.markov is not None else None
+        feats = self.markov.features(prev) if self.markov is not None else None
         return self.confidence(h, feats)
 
     # ---- inference: one draft round -------------------------------------------------------
@@ -209,19 +303,20 @@ class DSparkDraft(nn.Module):
             h = self.backbone_cached(block_ids, pos, ctx_kv, window, attend)[0]  # (γ, D)
         else:
             h = self.backbone(block_ids, pos, ctx_kv, ctx_mask)[0]  # (γ, D)
-        base = self.lm_head(h)  # (γ, V): U_k, computed in parallel
+        base = self.lm_head(h)  # (γ, N): U_k, computed in parallel
+        first = self.head_ids(anchor_id)  # () the anchor as W1 reads it
         if temperature <= 0 and self.markov is None:  # no sequential stage: one argmax
-            return self._finish(h, anchor_id, base.argmax(-1), None)
+            return self._finish(h, first, base.argmax(-1), None)
         if temperature <= 0 and 0 < markov_topk < base.shape[-1] and supports_candidates(self.markov):
-            return self._finish(h, anchor_id, candidate_chain(self.markov, base, h, anchor_id, markov_topk), None)
+            return self._finish(h, first, candidate_chain(self.markov, base, h, first, markov_topk), None)
         if temperature <= 0 and markov_kernel and self.markov.kind == "vanilla":
             from splitserve.models.markov_step_kernel import markov_greedy_chain  # Triton on CUDA, else the reference
 
-            tokens = markov_greedy_chain(base, self.markov.w1.weight, self.markov.w2.weight, anchor_id)
-            return self._finish(h, anchor_id, tokens, None)
+            tokens = markov_greedy_chain(base, self.markov.w1.weight, self.markov.w2.weight, first)
+            return self._finish(h, first, tokens, None)
         tokens = anchor_id.new_empty(gamma)
         probs = [] if temperature > 0 else None
-        prev = anchor_id.view(1)
+        prev = first.view(1)
         state = self.markov.init_state(h[:1]) if self.markov is not None else None  # (1, r) for rnn
         # Sequential stage: x_k ~ softmax(U_k + B_k), B_k from x_{k-1} (and the rnn state), k = 1..γ.
         for k in range(gamma):
@@ -237,11 +332,13 @@ class DSparkDraft(nn.Module):
                 tok = logit.argmax(-1, keepdim=True)
             tokens[k] = tok[0]
             prev = tok
-        return self._finish(h, anchor_id, tokens, torch.stack(probs) if probs is not None else None)
+        return self._finish(h, first, tokens, torch.stack(probs) if probs is not None else None)
 
     def _finish(
-        self, h: torch.Tensor, anchor_id: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor | None
+        self, h: torch.Tensor, first: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Attach the confidences c_k, which see x_{k-1}: h (γ, D), tokens (γ,)."""
-        conf = self.confidence_logit(h, torch.cat([anchor_id.view(1), tokens[:-1]]))
-        return tokens, probs, (torch.sigmoid(conf) if conf is not None else None)
+        """Attach the confidences c_k, which see x_{k-1}: h (γ, D), first () and tokens (γ,) in
+        the draft's ids, probs (γ, N) or None -> target ids (γ,), probs (γ, V) or None, c (γ,) or None."""
+        conf = self._confidence(h, torch.cat([first.view(1), tokens[:-1]]))
+        probs = self.spread(probs) if probs is not None else None
+        return self.to_target(tokens), probs, (torch.sigmoid(conf) if conf is not None else None)

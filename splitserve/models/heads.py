@@ -27,12 +27,16 @@ class MarkovHead(nn.Module):
     a block being drafted (inference), carrying the rnn state. Both give the same z.
     """
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int, kind: str = "vanilla"):
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, kind: str = "vanilla",
+                 in_vocab: int | None = None):
+        """vocab_size: the logits' width (W2's rows); in_vocab: the ids W1 reads (default the
+        same). A draft over a reduced vocabulary of N tokens reads N + 1: its own ids and one row
+        for every target token outside them (models/dspark.py, `head_ids`)."""
         super().__init__()
         if kind not in MARKOV_TYPES:
             raise ValueError(f"markov_head_type must be one of {MARKOV_TYPES}, got {kind!r}")
         self.kind, self.rank = kind, rank
-        self.w1 = nn.Embedding(vocab_size, rank)
+        self.w1 = nn.Embedding(in_vocab or vocab_size, rank)
         self.w2 = nn.Linear(rank, vocab_size, bias=False)
         # W2 = 0 at init: an untrained DSpark drafts exactly like its DFlash backbone.
         nn.init.zeros_(self.w2.weight)

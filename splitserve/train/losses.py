@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from splitserve.config import LossConfig, decay_for
+from splitserve.models.vocab_map import VocabMap
 
 
 @dataclass
@@ -50,7 +51,7 @@ class RowTerms:
 
 @dataclass
 class LossInputs:
-    draft_logits: torch.Tensor | None  # (P, V); None when `rows` is given
+    draft_logits: torch.Tensor | None  # (P, V), or (P, N) over `vocab`; None when `rows` is given
     target_logits: torch.Tensor | None  # (P, V), no grad; None when `rows` is given
     labels: torch.Tensor  # (P,) the data token x*
     slot: torch.Tensor  # (P,) k - 1, in 0..γ-1
@@ -64,6 +65,8 @@ class LossInputs:
     rows: RowTerms | None = None
     # (P,) each row's weight where the caller sets it (ttt: draft.ttt_decay^j); None: the position decay
     row_weight: torch.Tensor | None = None
+    # a reduced draft vocabulary: draft_logits are (P, N) over it (row_terms)
+    vocab: VocabMap | None = None
 
 
 @dataclass
@@ -100,22 +103,48 @@ def _up(t: torch.Tensor) -> torch.Tensor:
 
 
 def row_terms(draft_logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-              greedy: bool = False) -> RowTerms:
+              greedy: bool = False, vocab: VocabMap | None = None) -> RowTerms:
     """(P, V) draft and target logits, (P,) labels -> ce = -log p_d(x*), tv = ||p_d - p_t||_1 and,
     when asked for, mass = p_d(argmax p_t): the draft's probability of the token greedy
-    verification commits. Each row's terms depend on that row alone."""
-    logp_d = F.log_softmax(_up(draft_logits), dim=-1)  # (P, V)
+    verification commits. Each row's terms depend on that row alone.
+
+    `vocab`: the draft's logits are (P, N) over a reduced vocabulary (models/vocab_map.py) and p_d
+    is zero off it: tv counts the target's mass there, mass is 0 where the target's argmax lies
+    there, and ce is 0 at a row whose x* lies there (the draft cannot propose it)."""
+    logp_d = F.log_softmax(_up(draft_logits), dim=-1)  # (P, N)
     p_d = logp_d.exp()
-    p_t = F.softmax(_up(target_logits), dim=-1)
-    tv = (p_d - p_t).abs().sum(-1)  # (P,)
-    ce = -logp_d.gather(-1, labels[:, None]).squeeze(-1)
-    mass = p_d.gather(-1, target_logits.argmax(-1, keepdim=True)).squeeze(-1) if greedy else None
+    p_t = F.softmax(_up(target_logits), dim=-1)  # (P, V)
+    best = target_logits.argmax(-1) if greedy else None  # (P,) the token greedy verification commits
+    if vocab is None:
+        tv = (p_d - p_t).abs().sum(-1)  # (P,)
+        ce = -logp_d.gather(-1, labels[:, None]).squeeze(-1)
+        mass = p_d.gather(-1, best[:, None]).squeeze(-1) if greedy else None
+        return RowTerms(ce, tv, mass)
+    tv = _tv_on_vocab(p_d, p_t[:, vocab.used])
+    ce = _ce_on_vocab(logp_d, vocab.to_draft(labels))
+    mass = None
+    if greedy:
+        d = vocab.to_draft(best)  # (P,) -1 off the vocabulary
+        mass = p_d.gather(-1, d.clamp_min(0)[:, None]).squeeze(-1) * (d >= 0)
     return RowTerms(ce, tv, mass)
+
+
+def _tv_on_vocab(p_d: torch.Tensor, p_t: torch.Tensor) -> torch.Tensor:
+    """p_d (P, N) the draft's distribution, p_t (P, N) the target's probabilities of those N
+    tokens (normalised over its whole vocabulary) -> (P,) ||p_d - p_t||_1 over the whole vocabulary:
+    the target's mass off the N tokens counts once."""
+    off_vocab = (1.0 - p_t.sum(-1)).clamp_min(0.0)  # (P,)
+    return (p_d - p_t).abs().sum(-1) + off_vocab
+
+
+def _ce_on_vocab(logp_d: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """logp_d (P, N), labels (P,) draft ids, -1 off the vocabulary -> (P,) -log p_d(x*), 0 at -1."""
+    return -logp_d.gather(-1, labels.clamp_min(0)[:, None]).squeeze(-1) * (labels >= 0)
 
 
 def _row_terms(x: LossInputs, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """-> ce (P,), tv (P,), mass (P,) or None: x.rows where given, else row_terms of the logits."""
-    rows = x.rows if x.rows is not None else row_terms(x.draft_logits, x.target_logits, x.labels, greedy)
+    rows = x.rows if x.rows is not None else row_terms(x.draft_logits, x.target_logits, x.labels, greedy, x.vocab)
     if greedy and rows.mass is None:
         raise ValueError("this loss needs RowTerms.mass (the greedy acceptance): compute the rows with greedy=True")
     return rows.ce, rows.tv, rows.mass if greedy else None
@@ -252,13 +281,10 @@ def ttt_row_terms(draft_logits: torch.Tensor, target_logp: torch.Tensor, labels:
     token -> ce (0 at those rows), tv over the whole vocabulary, kl to the renormalised target."""
     logp_d = F.log_softmax(_up(draft_logits), dim=-1)  # (P, N)
     target_logp = _up(target_logp)
-    p_t = target_logp.exp()
-    off_vocab = (1.0 - p_t.sum(-1)).clamp_min(0.0)  # (P,) target mass the draft cannot propose
-    tv = (logp_d.exp() - p_t).abs().sum(-1) + off_vocab
+    tv = _tv_on_vocab(logp_d.exp(), target_logp.exp())
     logq = F.log_softmax(target_logp, dim=-1)  # p~_t
     kl = F.kl_div(logp_d, logq, reduction="none", log_target=True).sum(-1)
-    ce = -logp_d.gather(-1, labels.clamp_min(0)[:, None]).squeeze(-1) * (labels >= 0)
-    return RowTerms(ce, tv, None, kl)
+    return RowTerms(_ce_on_vocab(logp_d, labels), tv, None, kl)
 
 
 def ttt_loss(x: LossInputs, cfg: LossConfig) -> LossOut:

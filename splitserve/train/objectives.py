@@ -26,6 +26,7 @@ from splitserve.models.families import get_family
 from splitserve.train.losses import LossOut
 from splitserve.train.step import Batch, draft_loss, plan_blocks, position_weight
 from splitserve.train.ttt import TTTObjective
+from splitserve.train.vocab import fit_vocab
 
 
 class Objective(Protocol):
@@ -45,8 +46,10 @@ class BlockObjective:
         self.anchors_per_seq, self.loss_cfg, self.chunk_rows = cfg.train.anchors_per_seq, cfg.loss, \
             cfg.train.loss_chunk_rows
 
-    def prepare(self, draft, cfg, target, source) -> None:
-        return None
+    def prepare(self, draft, cfg, target, source) -> str | None:
+        if not draft.arch.reduced:  # the whole vocabulary: nothing to fit
+            return None
+        return fit_vocab(draft, draft.arch.draft_vocab_size, cfg, target, source)
 
     def plan(self, draft, batch, generators):
         return plan_blocks(draft, batch, self.anchors_per_seq, generators)

@@ -93,7 +93,7 @@ def _target_logits(draft: DSparkDraft, final: torch.Tensor) -> torch.Tensor:
     """final: (P, D) the target's final hidden states -> (P, V) its logits, as its own forward
     makes them (soft-cap / scaling included). No gradient."""
     with torch.no_grad():
-        logits = draft.lm_head(final)
+        logits = draft.target_head(final)
         transform = getattr(draft, "target_logit_transform", None)  # the target's soft-cap / scaling
         return transform(logits) if transform is not None else logits
 
@@ -102,7 +102,7 @@ def _chunk_terms(draft: DSparkDraft, h: torch.Tensor, z: torch.Tensor | None, fi
                  labels: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, ...]:
     """One chunk of rows, h (n, D), z (n, r) or None, final (n, D), labels (n,) -> its row terms
     (ce, tv[, mass]), each (n,)."""
-    t = row_terms(draft.head_logits(h, z), _target_logits(draft, final.to(h.dtype)), labels, greedy)
+    t = row_terms(draft.head_logits(h, z), _target_logits(draft, final.to(h.dtype)), labels, greedy, draft.vocab)
     return (t.ce, t.tv, t.mass) if greedy else (t.ce, t.tv)
 
 
@@ -163,7 +163,7 @@ def draft_loss(
     if chunk_rows > 0 and labels.numel():
         rows = chunked_row_terms(draft, h_sel, z_sel, final, labels, loss_cfg.acceptance == "greedy", chunk_rows)
     else:
-        draft_logits = draft.head_logits(h_sel, z_sel)  # (P, V)
+        draft_logits = draft.head_logits(h_sel, z_sel)  # (P, N)
         target_logits = _target_logits(draft, final.to(h_sel.dtype))  # (P, V)
     inputs = LossInputs(
         draft_logits=draft_logits,
@@ -174,5 +174,6 @@ def draft_loss(
         conf_logits=draft.confidence_logit(h_sel, prev),
         block_size=arch.block_size,
         block=block,
+        vocab=draft.vocab,
     )
     return compute_loss(inputs, loss_cfg), int(labels.numel())

@@ -15,7 +15,6 @@ V target vocab, N draft vocab.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -23,10 +22,10 @@ from torch.utils.checkpoint import checkpoint
 
 from splitserve.config import LossConfig, RunConfig
 from splitserve.errors import UserError
-from splitserve.models.vocab_map import build_vocab_map, count_tokens
 from splitserve.target.sdpa import varlen_sdpa
 from splitserve.train.losses import LossInputs, LossOut, RowTerms, compute_loss, ttt_row_terms
 from splitserve.train.step import Batch
+from splitserve.train.vocab import fit_vocab
 
 
 @dataclass
@@ -116,36 +115,12 @@ def ttt_draft_loss(draft, batch: Batch, plan: TTTPlan, loss_cfg: LossConfig, dec
     return compute_loss(inputs, loss_cfg)
 
 
-def training_tokens(cfg: RunConfig, target, source) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(input_ids, loss_mask) of the whole training set, without the target's hidden states:
-    the tokenized samples of an in-process source, the index part of a dump's shards, or (a
-    split job's draft ranks, which receive records only) the data tokenized as the target ranks
-    tokenize it (data.cache keeps it)."""
-    samples = getattr(source, "samples", None)
-    if samples is None and cfg.data.dump_dir:
-        from splitserve.stream.dump_reader import DumpReader, read_shard
-
-        reader = DumpReader(cfg.data.dump_dir)
-        for entry in reader.manifest["shards"]:
-            shard = read_shard(reader.dump_dir / entry["file"], states=False)
-            yield shard.input_ids, shard.loss_mask
-        return
-    if samples is None:
-        from splitserve.data import load_options, load_samples, resolve_train_path
-
-        samples, _ = load_samples(resolve_train_path(cfg.data.train_path), target.tokenizer, cfg.data.max_length,
-                                  cfg.data.max_samples, load_options(cfg.data))
-    for s in samples:
-        yield s.input_ids, s.loss_mask
-
-
 class TTTObjective:
     """The training side of draft.family=eagle3 and mtp (train/objectives.py)."""
 
     def __init__(self, cfg: RunConfig):
         d = cfg.draft
-        for key, value, ok in (("ttt_steps", d.ttt_steps, d.ttt_steps >= 1), ("ttt_decay", d.ttt_decay, d.ttt_decay > 0),
-                               ("draft_vocab_size", d.draft_vocab_size, d.draft_vocab_size >= 1)):
+        for key, value, ok in (("ttt_steps", d.ttt_steps, d.ttt_steps >= 1), ("ttt_decay", d.ttt_decay, d.ttt_decay > 0)):
             if not ok:
                 raise UserError(f"draft.{key}={value}: must be positive")
         self.decay, self.loss_cfg, self.chunk_rows = d.ttt_decay, cfg.loss, cfg.train.loss_chunk_rows
@@ -153,12 +128,7 @@ class TTTObjective:
     def prepare(self, draft, cfg: RunConfig, target, source) -> str | None:
         if not hasattr(draft, "set_vocab"):  # mtp: the target's own head drafts over its whole vocabulary
             return None
-        counts = count_tokens(training_tokens(cfg, target, source), draft.arch.vocab_size)  # (V,)
-        vocab = build_vocab_map(counts, draft.arch.draft_vocab_size)
-        draft.set_vocab(vocab)
-        covered = float(counts[vocab.used.cpu()].sum()) / max(float(counts.sum()), 1.0)
-        return (f"draft vocabulary: {vocab.size:,} of the target's {draft.arch.vocab_size:,} tokens, the most frequent "
-                f"trained ones ({int((counts > 0).sum()):,} distinct in the data), covering {covered:.1%} of them")
+        return fit_vocab(draft, draft.arch.draft_vocab_size, cfg, target, source)
 
     def plan(self, draft, batch: Batch, generators) -> TTTPlan:
         return plan_ttt(batch, draft.arch.ttt_steps)
