@@ -3,7 +3,8 @@ transformers static-cache peer and the weight-read floor, for both target shapes
 
     python bench/engine_floor_gpu.py --out floor.json [--shapes llama-8b smollm2] \
         [--variants native native-compiled native-fp8 hf-compiled] [--draft-layers 4] [--block-size 16] \
-        [--prompt-len 300] [--new-tokens 128] [--iters 50] [--project-tau 3.0] [--no-peer]
+        [--prompt-len 300] [--new-tokens 128] [--iters 50] [--project-tau 3.0] [--no-peer] \
+        [--draft-vocab 0 32000]
 
 Per shape, random bf16 weights of the real shape (a step's time does not depend on the values):
   floor    the bytes one decode step must read (every layer's weights, the final norm, the
@@ -23,7 +24,10 @@ programmatic dependent launch), -ipdl (torch._inductor.config.triton.enable_pdl:
 PDL too; the setting TORCHINDUCTOR_ENABLE_PDL=1 gives at import), -sync (overlap_steps=False: the host
 reads each round's tokens before it queues the next, the engine before it overlapped them), -sdpa
 (draft_attention="sdpa": the draft concatenates its context with the block under a mask, through
-SDPA, instead of reading its cache in place with the split-KV kernel).
+SDPA, instead of reading its cache in place with the split-KV kernel), -dfp8 (draft_weight_format="fp8":
+the draft's fc, layers and lm_head as weight-only FP8, lossless).
+--draft-vocab runs every variant once per draft vocabulary (draft.draft_vocab_size; 0: the target's
+whole vocabulary), keyed VARIANT@vocabN for N > 0: the round time a reduced head saves.
 The draft is untrained, so nothing is accepted: any TPOT at a τ is a projection,
 τ · (AR TPOT) / (wall time per round), labelled so.
 """
@@ -50,7 +54,7 @@ from splitserve.speculative.engine import Engine, SamplingParams
 from splitserve.target.native import attention_kernel
 
 
-FLAGS = ("compiled", "fp8", "cublas", "triton", "nopdl", "ipdl", "sync", "sdpa")
+FLAGS = ("compiled", "fp8", "dfp8", "cublas", "triton", "nopdl", "ipdl", "sync", "sdpa")
 
 
 def variant_config(name: str, max_context: int) -> EngineConfig:
@@ -61,7 +65,8 @@ def variant_config(name: str, max_context: int) -> EngineConfig:
                         native_products=next((f for f in ("cublas", "triton") if f in flags), "fused"),
                         compile_backend="inductor" if "compiled" in flags else None,
                         overlap_steps=False if "sync" in flags else None,
-                        draft_attention="sdpa" if "sdpa" in flags else "kernel")
+                        draft_attention="sdpa" if "sdpa" in flags else "kernel",
+                        draft_weight_format="fp8" if "dfp8" in flags else "model")
 
 
 @contextlib.contextmanager
@@ -192,6 +197,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--project-tau", type=float, nargs="*", default=[])
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--draft-vocab", type=int, nargs="+", default=[0])
     # the attention kernel's split plan: programs per SM for every launch (default: the shipped rule,
     # two for decode rows, one for verify rows)
     ap.add_argument("--attention-programs-per-sm", type=int, default=None)
@@ -206,7 +212,8 @@ def main() -> None:
     for shape in args.shapes:
         print(f"[{shape}]", flush=True)
         target = random_target(shape)
-        draft = untrained_draft(target, args.draft_layers, args.block_size)
+        drafts = {n: untrained_draft(target, args.draft_layers, args.block_size, n) for n in args.draft_vocab}
+        draft = drafts[args.draft_vocab[0]]
         prompts = synthetic_prompts(target.info.vocab_size, args.requests, args.prompt_len, 0,
                                     {draft.arch.mask_token_id})
         nbytes = step_bytes(target)
@@ -215,18 +222,19 @@ def main() -> None:
         if not args.no_peer:
             res["peer_tpot_ms"] = peer_tpot_ms(target, prompts[0], args.new_tokens)
             print(f"  transformers static cache: {res['peer_tpot_ms']:.3f} ms/token", flush=True)
-        for name in args.variants:
+        for name, vocab in ((n, v) for v in args.draft_vocab for n in args.variants):
+            key = f"{name}@vocab{vocab}" if vocab else name
             with variant_env(name):
                 try:
-                    res["variants"][name] = engine_costs(target, draft, name, prompts, args)
+                    res["variants"][key] = engine_costs(target, drafts[vocab], name, prompts, args)
                 except Exception as e:  # keep the other variants' numbers
-                    print(f"  {name}: FAILED {type(e).__name__}: {e}", flush=True)
-                    res.setdefault("failed", {})[name] = f"{type(e).__name__}: {e}"[:1000]
+                    print(f"  {key}: FAILED {type(e).__name__}: {e}", flush=True)
+                    res.setdefault("failed", {})[key] = f"{type(e).__name__}: {e}"[:1000]
                     continue
             Path(args.out).write_text(json.dumps(report | {"shapes": report["shapes"] | {shape: res}}, indent=1))
         report["shapes"][shape] = res
         print(table(shape, res), flush=True)
-        del target, draft
+        del target, draft, drafts
         torch.cuda.empty_cache()
     Path(args.out).write_text(json.dumps(report, indent=1))
 

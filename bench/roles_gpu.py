@@ -62,11 +62,13 @@ def random_target(shape: str, device: str = "cuda"):
     return wrap_hf_model(model.eval(), TargetConfig(name=f"{shape}-shape", dtype="bfloat16", device=device))
 
 
-def untrained_draft(target, layers: int, gamma: int):
-    """A bf16 DSpark draft for `target` with the default head settings, freshly initialised."""
+def untrained_draft(target, layers: int, gamma: int, draft_vocab: int = 0):
+    """A bf16 DSpark draft for `target` with the default head settings, freshly initialised;
+    draft_vocab > 0: a head over that many tokens (its map the first ids: a round's time does not
+    depend on which)."""
     torch.manual_seed(0)
-    arch = resolve_arch(DraftConfig(block_size=gamma, num_layers=layers), target.info, target.config,
-                        target.tokenizer)
+    cfg = DraftConfig(block_size=gamma, num_layers=layers, draft_vocab_size=draft_vocab)
+    arch = resolve_arch(cfg, target.info, target.config, target.tokenizer)
     return build_draft(arch, target).to(torch.bfloat16).eval()
 
 

@@ -49,6 +49,9 @@ def _models_args(f: Flags) -> None:
                "(transformers) | auto (native where it serves the target)")
     f.add(EngineConfig, "weight_format", "--weight-format", choices=["model", "fp8"],
           help="fp8: weight-only FP8 target products (native decoder; faster, NOT lossless against the model)")
+    f.add(EngineConfig, "draft_weight_format", "--draft-weight-format", choices=["model", "fp8"],
+          help="fp8: weight-only FP8 copies of the draft's products (fc, layers, lm_head); lossless: the "
+               "target still decides every token, only acceptance may move")
 
 
 def serve_parser() -> tuple[argparse.ArgumentParser, Flags]:

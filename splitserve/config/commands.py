@@ -75,6 +75,9 @@ class EngineConfig:
     # model: the target's own weights | fp8: weight-only FP8 copies of every layer product (native
     # decoder only), half the bytes read per step and NOT lossless against the model's own dtype
     weight_format: str = "model"
+    # model: the draft's own weights | fp8: weight-only FP8 copies of the draft's products (fc, its
+    # layers, the lm_head; speculative/draft_weights.py). Lossless either way: the draft only proposes.
+    draft_weight_format: str = "model"
     # The native decoder's layers: fused (a decode step's products in the Triton weight product with
     # the norms, SiLU·up and residual adds folded in, launched with PDL on Hopper; verify and
     # prefill on cuBLAS) | triton (every forward of up to 32 tokens fused) | cublas (cuBLAS products

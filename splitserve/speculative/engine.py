@@ -56,6 +56,7 @@ from splitserve.models.eagle3 import Eagle3Draft
 from splitserve.speculative import verify_kernel as verify_kernels
 from splitserve.speculative import verify as verify_reference
 from splitserve.speculative.decode import pick_token
+from splitserve.speculative.draft_weights import served_draft
 from splitserve.speculative.drafter import engine_drafter
 from splitserve.speculative.host_reads import HostReads
 from splitserve.speculative.schedule import SCHEDULES, choose_prefix, linear_cost, prefix_survival, truncate_verify
@@ -135,6 +136,7 @@ class Engine:
                                cfg.native_products)
         if draft is not None:  # a draft made for another target: one line, before any state is built
             check_compatible(draft.arch, target.info, where="the draft")
+        draft = served_draft(draft, cfg.draft_weight_format)  # an FP8 copy, or the draft itself
         self.target, self.draft = target, draft
         self.device = target.device
         max_pos = target.max_positions
