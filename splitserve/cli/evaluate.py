@@ -33,6 +33,11 @@ def eval_parser() -> tuple[argparse.ArgumentParser, Flags]:
           help="Jinja file replacing the target's chat template (as data.chat_template in training)")
     f.add(EvalCommand, "chat_template_kwargs", "--chat-template-kwargs", type=json_object, metavar="JSON",
           help='handed to the chat template, e.g. \'{"enable_thinking": false}\'')
+    f.add(EvalCommand, "length_buckets", "--length-buckets", type=int, nargs="+", metavar="TOKENS",
+          help="τ per prompt-length bucket, these upper edges (e.g. 1024 4096 8192 32768): prompts cut from whole "
+               "conversations (--prompts: chitchat's held-out ones, or a chat data file) where a reply starts")
+    f.add(EvalCommand, "per_bucket", "--per-bucket", type=int, help="prompts per length bucket")
+    f.add(EvalCommand, "out_dir", "--out", metavar="DIR", help="length buckets: write lengths.json/.md/.png here")
     f.hub()
     return p, f
 
@@ -54,6 +59,9 @@ def eval_main(argv: list[str]) -> None:
     meta = draft_meta(models.draft, "--draft")
     check_prompts(cmd.prompts, "--prompts")
     target, draft = load_models(models, meta)  # a draft made for another target is refused before any weight
+    if cmd.length_buckets:
+        _eval_lengths(cmd, target, draft, Path(models.draft).name)
+        return
     try:
         prompts = load_prompt_ids(cmd.prompts, target.tokenizer, cmd.num_prompts,
                                   ChatTemplate.load(cmd.chat_template, cmd.chat_template_kwargs))
@@ -65,12 +73,36 @@ def eval_main(argv: list[str]) -> None:
         import torch
 
         torch.manual_seed(cmd.seed)
-        reports["untrained"] = evaluate(target, build_draft(meta.arch, target).to(target.dtype).eval(), prompts,
-                                        cmd.max_new_tokens, cmd.temperature, cmd.seed, eos_ids=eos)
+        fresh = build_draft(meta.arch, target).to(target.dtype).eval()
+        if hasattr(fresh, "set_vocab") and getattr(draft, "vocab", None) is not None:
+            fresh.set_vocab(draft.vocab)  # the same draft vocabulary: only the training differs
+        reports["untrained"] = evaluate(target, fresh, prompts, cmd.max_new_tokens, cmd.temperature, cmd.seed,
+                                        eos_ids=eos)
     if cmd.json:
         print(json.dumps({k: r.to_dict() for k, r in reports.items()}, indent=1))
     else:
         print(format_reports(reports))
+
+
+def _eval_lengths(cmd, target, draft, name: str) -> None:
+    """`splitserve eval --length-buckets ...`: τ per prompt-length bucket, printed and written."""
+    from splitserve.data import ChatTemplate, DataError
+    from splitserve.evaluation import length_buckets as lb
+
+    limit = target.max_positions or 1 << 20
+    try:
+        stream = lb.load_stream(cmd.prompts, target.tokenizer, ChatTemplate.load(cmd.chat_template,
+                                                                                  cmd.chat_template_kwargs))
+        buckets = lb.cut_prompts(stream, cmd.length_buckets, cmd.per_bucket, limit - cmd.max_new_tokens)
+    except (DataError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"splitserve eval: {e}")
+    print(f"{len(stream.ids):,} tokens of conversations; prompts up to {limit - cmd.max_new_tokens:,} tokens "
+          f"(the target's {limit:,} positions less --max-new-tokens)")
+    results = {name: lb.tau_by_length(target, draft, buckets, cmd.max_new_tokens, cmd.temperature, cmd.seed,
+                                      target.eos_ids())}
+    print(lb.format_table(results))
+    if cmd.out_dir:
+        print(f"wrote {lb.write(results, cmd.out_dir)}/lengths.json, lengths.md, lengths.png")
 
 
 def _run_settings(run_dir: str) -> dict:

@@ -144,6 +144,11 @@ class EvalCommand:
     json: bool = False  # print the full report as JSON
     chat_template: str | None = None  # a Jinja file replacing the target's chat template
     chat_template_kwargs: dict[str, Any] | None = None  # handed to the chat template
+    # τ per prompt-length bucket (evaluation/length_buckets.py): the buckets' upper edges, prompts
+    # cut from whole conversations (`prompts`: "chitchat" reads its held-out conversations).
+    length_buckets: list[int] | None = None
+    per_bucket: int = 8  # prompts per bucket
+    out_dir: str | None = None  # length buckets: write lengths.json / .md / .png here
 
 
 @dataclass
