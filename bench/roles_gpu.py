@@ -1,9 +1,12 @@
 """Per-role cost of split training on one GPU, SmolLM2-135M shape with random weights.
 
-    python bench/roles_gpu.py [--tokens 8192] [--anchors 512] [--gamma 8 16] [--out DIR]
+    python bench/roles_gpu.py [--shape smollm2|llama-8b|qwen3.5-9b] [--tokens 2048 8192 32768] [--anchors 512]
+        [--gamma 8 16] [--loss-chunk-rows N] [--out DIR]
 
 Target role: one capture (m captured layers + final hidden state) of a T-token sequence.
 Draft role: one training step (forward + backward + AdamW) on that record with N anchors.
+Per row length: time, tokens/s and peak device memory of each role (issue 43's 2K/8K/32K table:
+`--shape llama-8b --tokens 2048 8192 32768`); a length that runs out of memory is recorded as such.
 Also the device's raw copy bandwidth, for scale. Step time does not depend on weight values,
 so random weights of the real shapes give real timings (no checkpoint has to travel).
 """
@@ -92,32 +95,25 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() * 4 / t / 1e9  # GB/s, bytes read + written
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--anchors", type=int, default=512)
-    ap.add_argument("--gamma", type=int, nargs="+", default=[8, 16])
-    ap.add_argument("--out", default=".")
-    args = ap.parse_args()
+def measure(target, tokens: int, gammas: list[int], anchors: int, chunk_rows: int, layers: int = 5) -> dict:
+    """One T-token row: the target role's capture and each γ's draft training step -> time,
+    tokens/s and peak device memory above what was resident before each."""
     dev = torch.device("cuda")
-    target = random_target("smollm2")
-    ids = torch.randint(0, 49152, (1, args.tokens), device=dev)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": args.tokens,
-              "copy_GBps": round(copy_bandwidth(), 1)}
-
+    ids = torch.randint(0, target.info.vocab_size, (1, tokens), device=dev)
+    out = {}
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     target.capture(ids)
     t_cap = timed(lambda: target.capture(ids), 5)
     cap = target.capture(ids)
-    result["target"] = {"capture_s": t_cap, "tokens_per_s": args.tokens / t_cap,
-                        "peak_GiB_above_weights": (torch.cuda.max_memory_allocated() - base) / 2**30,
-                        "record_MB_bf16": (cap.aux.numel() + cap.final.numel()) * 2 / 1e6}
-    loss_mask = torch.ones(args.tokens, dtype=torch.bool)
+    out["target"] = {"capture_s": t_cap, "tokens_per_s": tokens / t_cap,
+                     "peak_GiB_above_weights": (torch.cuda.max_memory_allocated() - base) / 2**30,
+                     "record_MB_bf16": (cap.aux.numel() + cap.final.numel()) * 2 / 1e6}
+    loss_mask = torch.ones(tokens, dtype=torch.bool)
     rec = HiddenRecord(0, ids[0].cpu(), loss_mask, cap.aux[0].float().cpu(), cap.final[0].float().cpu())
     del cap
-    for gamma in args.gamma:
-        arch = resolve_arch(DraftConfig(num_layers=5, block_size=gamma, mask_token_id=16), target.info,
+    for gamma in gammas:
+        arch = resolve_arch(DraftConfig(num_layers=layers, block_size=gamma, mask_token_id=16), target.info,
                             target.config)
         draft = build_draft(arch, target).to(torch.bfloat16)
         params = [p for p in draft.parameters() if p.requires_grad]
@@ -126,9 +122,9 @@ def main() -> None:
         gen = torch.Generator().manual_seed(0)
 
         def step(draft=draft, batch=batch, opt=opt):  # bound now: the names are deleted after this γ
-            out, _ = draft_loss(draft, batch, args.anchors, LossConfig(), gen)
+            loss, _ = draft_loss(draft, batch, anchors, LossConfig(), gen, chunk_rows=chunk_rows)
             opt.zero_grad(set_to_none=True)
-            out.total.backward()
+            loss.total.backward()
             opt.step()
 
         step()
@@ -136,14 +132,37 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
         t_step = timed(step, 5)
-        result[f"draft_gamma{gamma}"] = {
-            "layers": 5, "anchors": args.anchors, "block_positions": args.anchors * gamma, "step_s": t_step,
-            "record_tokens_per_s": args.tokens / t_step,
+        out[f"draft_gamma{gamma}"] = {
+            "layers": layers, "anchors": anchors, "block_positions": anchors * gamma, "step_s": t_step,
+            "record_tokens_per_s": tokens / t_step, "loss_chunk_rows": chunk_rows,
             "peak_GiB_above_model": (torch.cuda.max_memory_allocated() - before) / 2**30,
         }
         del draft, opt, batch
         torch.cuda.empty_cache()
-    print(json.dumps(result, indent=1))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=sorted(RANDOM_SHAPES), default="smollm2")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[8192], help="row lengths, e.g. 2048 8192 32768")
+    ap.add_argument("--anchors", type=int, default=512)
+    ap.add_argument("--gamma", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--loss-chunk-rows", type=int, default=0, help="train.loss_chunk_rows (0: all rows at once)")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args()
+    target = random_target(args.shape)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape,
+              "copy_GBps": round(copy_bandwidth(), 1), "by_tokens": {}}
+    for tokens in args.tokens:
+        try:
+            result["by_tokens"][str(tokens)] = measure(target, tokens, args.gamma, args.anchors, args.loss_chunk_rows)
+        except torch.OutOfMemoryError as e:  # the table says where memory ran out
+            result["by_tokens"][str(tokens)] = {"out_of_memory": str(e)[:300]}
+            torch.cuda.empty_cache()
+        print(json.dumps({tokens: result["by_tokens"][str(tokens)]}, indent=1), flush=True)
+    if len(args.tokens) == 1:  # the layout the earlier single-length results use
+        result.update(tokens=args.tokens[0], **result["by_tokens"][str(args.tokens[0])])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "roles_gpu.json").write_text(json.dumps(result, indent=1) + "\n")
 
