@@ -113,7 +113,11 @@ def build_config(args, draft: str, loss: str, run_dir: Path) -> RunConfig:
     cfg = compose(overrides)
     markov_rank = getattr(args, "markov_rank", None)
     if markov_rank is not None and cfg.draft.markov_rank > 0:  # resizes DSpark's head; DFlash keeps rank 0
-        cfg = compose([*overrides, f"draft.markov_rank={markov_rank}"])
+        overrides.append(f"draft.markov_rank={markov_rank}")
+        cfg = compose(overrides)
+    draft_vocab = getattr(args, "draft_vocab", None)
+    if draft_vocab is not None and draft not in AS_PUBLISHED:  # EAGLE-3 keeps its own (32000)
+        cfg = compose([*overrides, f"draft.draft_vocab_size={draft_vocab}"])
     return cfg
 
 
@@ -364,6 +368,9 @@ def main() -> None:
                    help="the Markov head's learning rate as a multiple of --lr (recipe: 1)")
     t.add_argument("--markov-rank", type=int, default=None,
                    help="the Markov head's rank r for the DSpark runs (conf: 256; DFlash keeps 0)")
+    t.add_argument("--draft-vocab", type=int, default=None,
+                   help="draft.draft_vocab_size for the DSpark and DFlash runs: a head over the N most frequent "
+                        "trained tokens (default: the whole vocabulary)")
     t.add_argument("--seed", type=int, default=TrainConfig.seed,
                    help="train.seed: initialisation, data order and anchors (another seed measures run-to-run noise)")
     t.add_argument("--num-prompts", type=int, default=40, help="prompts per held-out set")

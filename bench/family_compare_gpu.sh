@@ -16,6 +16,7 @@
 #                                                     SmolLM2's 8K context) for $PUBLIC_RUN's seed-0 draft, --baseline
 # Work lives in $WORK (default /tmp/families); what the table needs is copied to $OUT when it is set.
 # TARGET (default smollm2-135m) is a conf/target option; for gemma3-270m, source bench/device_gemma3.sh env first.
+# DRAFT_VOCAB=N trains the DSpark and DFlash runs with draft.draft_vocab_size=N (use its own WORK).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env
@@ -42,7 +43,7 @@ train)
     for seed in $SEEDS; do
         # shellcheck disable=SC2086
         python3 bench/ablation_gpu.py train --data "$TRAIN" --prompts "$DATA/heldout_prompts.jsonl" \
-            --target "$TARGET" --root "$WORK/seed$seed" --seed "$seed" --runs $RUNS --minutes "${2:?MINUTES}" --num-layers 4 \
+            --target "$TARGET" --root "$WORK/seed$seed" --seed "$seed" --runs $RUNS --minutes "${2:?MINUTES}" --num-layers 4 ${DRAFT_VOCAB:+--draft-vocab $DRAFT_VOCAB} \
             --save-every "${SAVE_EVERY:-100}" --capture-graphs --num-prompts "${PROMPTS:-30}" \
             --max-new-tokens "${NEW_TOKENS:-192}" > "$WORK/train_seed$seed.log" 2>&1 &
     done
