@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from eagle3_tiny import eagle3_draft
 from floats import assert_float32_close
+from marginals import sample_two_tokens, two_token_marginals
 from tiny import tiny_draft, tiny_target
 
 from splitserve.config import EngineConfig
@@ -90,25 +91,11 @@ def test_sampling_matches_target_distribution():
     draft = tiny_draft(target, block_size=3, markov_rank=4)
     torch.nn.init.normal_(draft.markov.w2.weight, std=1.0)
     prompt, anchor = [1, 2, 3], 7
-    ctx = prompt + [anchor]
-    with torch.no_grad():
-        p1 = torch.softmax(target.model(torch.tensor([ctx])).logits[0, -1], -1)  # (V,)
-        nxt = torch.cat([torch.tensor([ctx]).expand(16, 4), torch.arange(16)[:, None]], 1)
-        p2 = p1 @ torch.softmax(target.model(nxt).logits[:, -1], -1)
+    p1, p2 = two_token_marginals(target, prompt + [anchor])
     engine = Engine(target, draft, EngineConfig(max_context=16, seed=0, draft_weight_format="fp8"))
     engine._prefill(prompt, 1.0)
     n = 1500
-    first, second = torch.zeros(16), torch.zeros(16)
-    for _ in range(n):
-        engine.seq_len.fill_(len(prompt))
-        engine.anchor.fill_(anchor)
-        toks = []
-        while len(toks) < 2:
-            engine._spec_round(1.0, engine.windows[-1])
-            out = engine.out.tolist()
-            toks += out[1: out[0] + 2]
-        first[toks[0]] += 1
-        second[toks[1]] += 1
+    first, second, _ = sample_two_tokens(engine, len(prompt), anchor, n)
     # 1500 samples: a frequency's std is at most ~0.013; 0.05 is ~4 sigma.
     assert (first / n - p1).abs().max() < 0.05
     assert (second / n - p2).abs().max() < 0.05

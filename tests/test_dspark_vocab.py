@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from floats import assert_float32_close
+from marginals import sample_two_tokens, two_token_marginals
 from tiny import random_samples, tiny_draft, tiny_target
 
 import splitserve.train.loop as loop
@@ -180,11 +181,7 @@ def test_sampling_matches_target_distribution():
     with torch.no_grad():
         target.model.lm_head.weight.mul_(0.1)
     prompt, anchor = [1, 2, 3], 7
-    ctx = prompt + [anchor]
-    with torch.no_grad():
-        p1 = torch.softmax(target.model(torch.tensor([ctx])).logits[0, -1], -1)  # (V,)
-        nxt = torch.cat([torch.tensor([ctx]).expand(16, 4), torch.arange(16)[:, None]], 1)
-        p2 = p1 @ torch.softmax(target.model(nxt).logits[:, -1], -1)
+    p1, p2 = two_token_marginals(target, prompt + [anchor])
     left_out = p1.topk(2).indices.tolist()
     torch.manual_seed(0)
     draft = tiny_draft(target, block_size=3, markov_rank=4, draft_vocab_size=12)
@@ -193,18 +190,7 @@ def test_sampling_matches_target_distribution():
     engine = Engine(target, draft, EngineConfig(max_context=16, seed=0))
     engine._prefill(prompt, 1.0)
     n = 1500
-    first, second, accepted = torch.zeros(16), torch.zeros(16), []
-    for _ in range(n):
-        engine.seq_len.fill_(len(prompt))
-        engine.anchor.fill_(anchor)
-        toks = []
-        while len(toks) < 2:
-            engine._spec_round(1.0, engine.windows[-1])
-            out = engine.out.tolist()
-            toks += out[1: out[0] + 2]
-            accepted.append(out[0])
-        first[toks[0]] += 1
-        second[toks[1]] += 1
+    first, second, accepted = sample_two_tokens(engine, len(prompt), anchor, n)
     # 1500 samples: a frequency's std is at most ~0.013; 0.05 is ~4 sigma.
     assert (first / n - p1).abs().max() < 0.05
     assert (second / n - p2).abs().max() < 0.05

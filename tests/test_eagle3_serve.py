@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import marginals
 from test_serve_engine import HOST_READS, _SyncOps
 from tiny import tiny_target
 
@@ -199,27 +200,13 @@ def sample_two_tokens(target, draft, prompt: list[int], anchor: int, n: int):
     committed length, the anchor and the chain's first state: -> counts (V,) of the first and of
     the second token, and every round's accepted count. One prefill, whose draw is replaced by
     `anchor` (the draft reads it with the prompt's last state, as after a prefill that drew it)."""
-    vocab = target.info.vocab_size
     engine = Engine(target, draft, EngineConfig(max_context=16, seed=0))
     engine._prefill(prompt, 1.0)
     with torch.no_grad():
         engine.drafter.commit(target.capture(torch.tensor([prompt])).aux, 0, torch.tensor(prompt[1:] + [anchor]),
                               len(prompt) - 1)
     h0 = engine.drafter.h0.clone()
-    first, second, accepted = torch.zeros(vocab), torch.zeros(vocab), []
-    for _ in range(n):
-        engine.seq_len.fill_(len(prompt))
-        engine.anchor.fill_(anchor)
-        engine.drafter.h0.copy_(h0)
-        toks = []
-        while len(toks) < 2:
-            engine._spec_round(1.0, engine.windows[-1])
-            out = engine.out.tolist()
-            toks += out[1 : out[0] + 2]
-            accepted.append(out[0])
-        first[toks[0]] += 1
-        second[toks[1]] += 1
-    return first, second, accepted
+    return marginals.sample_two_tokens(engine, len(prompt), anchor, n, rewind=lambda: engine.drafter.h0.copy_(h0))
 
 
 def test_sampling_matches_target_distribution():
@@ -232,11 +219,7 @@ def test_sampling_matches_target_distribution():
     with torch.no_grad():
         target.model.lm_head.weight.mul_(0.1)
     prompt, anchor = [1, 2, 3], 7
-    ctx = prompt + [anchor]
-    with torch.no_grad():
-        p1 = torch.softmax(target.model(torch.tensor([ctx])).logits[0, -1], -1)  # (V,)
-        nxt = torch.cat([torch.tensor([ctx]).expand(16, 4), torch.arange(16)[:, None]], 1)
-        p2 = p1 @ torch.softmax(target.model(nxt).logits[:, -1], -1)
+    p1, p2 = marginals.two_token_marginals(target, prompt + [anchor])
     left_out = p1.topk(2).indices
     draft = _eagle3(target, gamma=3, vocab=12, std=0)
     kept = torch.tensor([i for i in range(16) if i not in left_out.tolist()][:12])

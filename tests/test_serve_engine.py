@@ -4,13 +4,13 @@ and a round makes no host read but the one of its committed tokens."""
 
 import pytest
 import torch
+from marginals import sample_two_tokens, two_token_marginals
 from tiny import tiny_draft, tiny_target
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from splitserve.config import EngineConfig
 from splitserve.speculative.decode import target_decode
 from splitserve.speculative.engine import ContextLengthError, Engine, SamplingParams, attention_windows
-from splitserve.speculative.verify import truncate_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -224,25 +224,11 @@ def test_sampling_matches_target_distribution(trunc):
     draft = tiny_draft(target, block_size=3, markov_rank=4)
     torch.nn.init.normal_(draft.markov.w2.weight, std=1.0)
     prompt, anchor = [1, 2, 3], 7
-    ctx = prompt + [anchor]
-    with torch.no_grad():
-        p1 = truncate_probs(torch.softmax(target.model(torch.tensor([ctx])).logits[0, -1], -1), *trunc)  # (V,)
-        nxt = torch.cat([torch.tensor([ctx]).expand(16, 4), torch.arange(16)[:, None]], 1)
-        p2 = p1 @ truncate_probs(torch.softmax(target.model(nxt).logits[:, -1], -1), *trunc)
+    p1, p2 = two_token_marginals(target, prompt + [anchor], trunc=trunc)
     engine = Engine(target, draft, EngineConfig(max_context=16, seed=0))
     engine._prefill(prompt, 1.0)
     n = 2000
-    first, second = torch.zeros(16), torch.zeros(16)
-    for _ in range(n):
-        engine.seq_len.fill_(len(prompt))
-        engine.anchor.fill_(anchor)
-        toks = []
-        while len(toks) < 2:
-            engine._spec_round(1.0, engine.windows[-1], trunc)
-            out = engine.out.tolist()
-            toks += out[1 : out[0] + 2]
-        first[toks[0]] += 1
-        second[toks[1]] += 1
+    first, second, _ = sample_two_tokens(engine, len(prompt), anchor, n, trunc)
     # 2000 samples: a frequency's std is at most ~0.011; 0.045 is ~4 sigma.
     assert (first / n - p1).abs().max() < 0.045
     assert (second / n - p2).abs().max() < 0.045

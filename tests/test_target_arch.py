@@ -8,6 +8,7 @@ import pytest
 import torch
 import transformers as tf
 from floats import assert_float32_close
+from marginals import sample_two_tokens, two_token_marginals
 
 from splitserve.config import TargetConfig
 from splitserve.target.arch import LogitTransform, UnsupportedTargetError, attention_layout
@@ -187,16 +188,6 @@ def test_layout_and_info_from_a_saved_multimodal_config(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "gemma3"
 
 
-def _two_token_marginals(target, ctx: list[int], transform) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact P(x1) and P(x2) after ctx, from the model's logits put through `transform`."""
-    n = target.info.vocab_size
-    with torch.no_grad():
-        p1 = torch.softmax(transform(target.model(torch.tensor([ctx])).logits[0, -1]), -1)  # (V,)
-        nxt = torch.cat([torch.tensor([ctx]).expand(n, len(ctx)), torch.arange(n)[:, None]], 1)
-        p2 = p1 @ torch.softmax(transform(target.model(nxt).logits[:, -1]), -1)
-    return p1, p2
-
-
 def test_soft_capped_target_sampled_at_t1_matches_its_distribution():
     """T=1 on Gemma-2 with a tight soft-cap: the tokens the serving engine's speculative rounds
     commit follow the soft-capped distribution, which here is far from the raw lm_head's. (Both
@@ -217,25 +208,15 @@ def test_soft_capped_target_sampled_at_t1_matches_its_distribution():
     draft = tiny_draft(target, block_size=3, markov_rank=4)
     torch.nn.init.normal_(draft.markov.w2.weight, std=1.0)
     prompt = [1, 2, 3, 4, 5]  # longer than the window
-    p1, p2 = _two_token_marginals(target, prompt, lambda x: x)  # the model's own (capped) logits
+    p1, p2 = two_token_marginals(target, prompt)  # the model's own (capped) logits
     with torch.no_grad():  # the uncapped distribution, to show the test tells them apart
         q1 = torch.softmax(model.lm_head(target.decoder(torch.tensor([prompt])).last_hidden_state[0, -1]), -1)
     assert (q1 - p1).abs().max() > 0.15
 
     engine = Engine(target, draft, EngineConfig(max_context=16, seed=0))
     engine._prefill(prompt[:-1], 1.0)
-    n = 1200
-    first, second = torch.zeros(16), torch.zeros(16)
-    for _ in range(n):  # rewind to the prompt's last token as the anchor, then rounds until two tokens
-        engine.seq_len.fill_(len(prompt) - 1)
-        engine.anchor.fill_(prompt[-1])
-        toks = []
-        while len(toks) < 2:
-            engine._spec_round(1.0, engine.windows[-1])
-            out = engine.out.tolist()
-            toks += out[1 : out[0] + 2]
-        first[toks[0]] += 1
-        second[toks[1]] += 1
+    n = 1200  # each sample from the prompt's last token as the anchor
+    first, second, _ = sample_two_tokens(engine, len(prompt) - 1, prompt[-1], n)
     # 1200 samples: a frequency's std is at most ~0.0144; 0.055 is ~3.8 sigma.
     assert (first / n - p1).abs().max() < 0.055
     assert (second / n - p2).abs().max() < 0.055
