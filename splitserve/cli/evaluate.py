@@ -54,7 +54,7 @@ def eval_main(argv: list[str]) -> None:
     from splitserve.evaluation.evaluate import evaluate, format_reports
     from splitserve.evaluation.heldout import load_prompt_ids
     from splitserve.loading import load_models
-    from splitserve.models.build import build_draft
+    from splitserve.models.build import untrained_like
 
     meta = draft_meta(models.draft, "--draft")
     check_prompts(cmd.prompts, "--prompts")
@@ -73,9 +73,7 @@ def eval_main(argv: list[str]) -> None:
         import torch
 
         torch.manual_seed(cmd.seed)
-        fresh = build_draft(meta.arch, target).to(target.dtype).eval()
-        if hasattr(fresh, "set_vocab") and getattr(draft, "vocab", None) is not None:
-            fresh.set_vocab(draft.vocab)  # the same draft vocabulary: only the training differs
+        fresh = untrained_like(draft, target).to(target.dtype).eval()
         reports["untrained"] = evaluate(target, fresh, prompts, cmd.max_new_tokens, cmd.temperature, cmd.seed,
                                         eos_ids=eos)
     if cmd.json:

@@ -16,7 +16,7 @@ from splitserve.evaluation.calibration import fit_report, format_fit
 from splitserve.evaluation.closing import closing_block
 from splitserve.evaluation.evaluate import EvalReport, evaluate, format_reports
 from splitserve.evaluation.plots import plot_acceptance
-from splitserve.models.build import build_draft
+from splitserve.models.build import untrained_like
 from splitserve.speculative.calibration_file import write_calibration
 from splitserve.speculative.decode import target_decode
 from splitserve.target.backend import DecodingTarget
@@ -75,9 +75,7 @@ def evaluate_run(cfg: RunConfig, target: DecodingTarget, draft) -> dict[str, Eva
                              check_exact=ev.check_exact, eos_ids=eos, desc="eval trained", record_confidence=calibrate)
     if ev.compare_untrained:
         torch.manual_seed(cfg.train.seed)
-        fresh = build_draft(draft.arch, target).eval()
-        if hasattr(fresh, "set_vocab") and getattr(draft, "vocab", None) is not None:
-            fresh.set_vocab(draft.vocab)  # the same draft vocabulary: only the training differs
+        fresh = untrained_like(draft, target).eval()
         # Exactness is already checked on the trained draft; the baseline only needs its τ.
         reports["untrained"] = run(target, fresh, prompts, ev.max_new_tokens, ev.temperature,
                                    cfg.train.seed, check_exact=False, eos_ids=eos, desc="eval untrained")

@@ -204,6 +204,15 @@ def build_draft(arch, target):
     return draft.to(target.device)
 
 
+def untrained_like(draft, target):
+    """A freshly initialised draft of `draft`'s arch for `target` (build_draft), with `draft`'s
+    vocabulary map where its family has one: a baseline that differs from it only by training."""
+    fresh = build_draft(draft.arch, target)
+    if hasattr(fresh, "set_vocab") and getattr(draft, "vocab", None) is not None:
+        fresh.set_vocab(draft.vocab)
+    return fresh
+
+
 def _describe_dspark(a: DSparkArch) -> str:
     window = f", context window {a.context_window}" if a.context_window else ""
     vocab = f", draft vocabulary {a.draft_vocab_size:,} of {a.vocab_size:,}" if a.reduced else ""
