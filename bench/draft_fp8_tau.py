@@ -13,29 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
+
+import numpy as np
 
 from splitserve.config import ModelsConfig
 from splitserve.evaluation.evaluate import EvalReport, evaluate, format_reports
 from splitserve.evaluation.heldout import load_prompt_ids
+from splitserve.evaluation.report.ratios import PerPrompt, paired_ratio
 from splitserve.loading import load_models, read_draft_meta
 from splitserve.speculative.draft_weights import served_draft
 
 
-def paired_ratio(a: EvalReport, b: EvalReport, samples: int = 5000, seed: int = 0) -> tuple[float, float, float]:
-    """τ_b / τ_a pooled over prompts, and a 95% interval resampling whole prompts."""
-    pa = [(len(r.tokens), len(r.accepts)) for r in a.results]
-    pb = [(len(r.tokens), len(r.accepts)) for r in b.results]
-
-    def ratio(idx):
-        ta = sum(pa[i][0] for i in idx) / max(sum(pa[i][1] for i in idx), 1)
-        tb = sum(pb[i][0] for i in idx) / max(sum(pb[i][1] for i in idx), 1)
-        return tb / ta
-
-    rng = random.Random(seed)
-    n = len(pa)
-    boots = sorted(ratio([rng.randrange(n) for _ in range(n)]) for _ in range(samples))
-    return ratio(range(n)), boots[int(0.025 * samples)], boots[int(0.975 * samples)]
+def per_prompt(report: EvalReport) -> PerPrompt:
+    """A report's per-prompt committed tokens and rounds, as the sweep report pairs them."""
+    res = report.results
+    return PerPrompt([tuple(r.prompt_ids) for r in res], np.array([sum(a + 1 for a in r.accepts) for r in res], float),
+                     np.array([len(r.accepts) for r in res], float))
 
 
 def main() -> None:
@@ -54,7 +47,7 @@ def main() -> None:
                "fp8 weights": evaluate(target, served_draft(draft, "fp8"), prompts, args.max_new_tokens, eos_ids=eos,
                                        desc="fp8")}
     a, b = reports["model weights"], reports["fp8 weights"]
-    point, lo, hi = paired_ratio(a, b)
+    point, lo, hi = paired_ratio(per_prompt(b), per_prompt(a))  # fp8 / model
     moved = sum(x.accepts != y.accepts for x, y in zip(a.results, b.results))
     print(format_reports(reports))
     print(f"τ fp8 / model {point:.3f} (95% interval {lo:.3f}–{hi:.3f}); {moved} of {len(prompts)} prompts drafted "
