@@ -124,6 +124,7 @@ def peer_tpot_ms(target, prompt: list[int], new_tokens: int, reps: int = 3) -> f
     return 1000 * (long - short) / new_tokens
 
 
+@torch.no_grad()  # as serving runs: a step compiled under grad mode would trace a backward
 def engine_costs(target, draft, name: str, prompts, args) -> dict:
     cfg = variant_config(name, args.prompt_len + args.new_tokens + 64)
     t0 = time.time()

@@ -10,8 +10,15 @@
 #   bash bench/family_compare_gpu.sh gen ROWS         (another target) regenerate the first reply of ROWS
 #                                                     training rows with $TARGET itself, greedy, into $WORK/train.jsonl
 #   bash bench/family_compare_gpu.sh train MINUTES    both seeds' runs at once, every run MINUTES of wall time
+#                                                     (or MAX_STEPS steps, whichever comes first)
 #   bash bench/family_compare_gpu.sh eval             both seeds at the step every run of both reached
 #   bash bench/family_compare_gpu.sh bench REQUESTS   each family's seed-0 draft, REQUESTS held-out prompts, --baseline
+#   bash bench/family_compare_gpu.sh all ROWS MINUTES REQUESTS   gen (ROWS > 0), train, eval and bench in one go,
+#                                                     progress in $WORK/all.log, $WORK/done at the end: start it with
+#                                                     setsid so that it outlives one call, and wait on it from the next
+#   bash bench/family_compare_gpu.sh collect          $OUT/results.tar.gz (every seed's sweep and the bench JSONs, the
+#                                                     layout bench/family_compare.py reads), $OUT/logs.tar.gz and
+#                                                     $OUT/regenerated.jsonl.gz (gen's rows, to skip gen next time)
 #   bash bench/family_compare_gpu.sh public REQUESTS  the public serving shape (random prompts, 7,000 in + 1,024 out,
 #                                                     SmolLM2's 8K context) for $PUBLIC_RUN's seed-0 draft, --baseline
 # Work lives in $WORK (default /tmp/families); what the table needs is copied to $OUT when it is set.
@@ -30,7 +37,7 @@ TRAIN=$DATA/train.jsonl
 [ -f "$WORK/train.jsonl" ] && TRAIN=$WORK/train.jsonl  # the rows `gen` regenerated with $TARGET
 export PYTHONUNBUFFERED=1
 mkdir -p "$WORK"
-case "${1:?gen ROWS | train MINUTES | eval | bench REQUESTS}" in
+case "${1:?gen ROWS | train MINUTES | eval | bench REQUESTS | all ROWS MINUTES REQUESTS | collect | public REQUESTS}" in
 gen)
     python3 -m splitserve.cli gen --data "$DATA/train.jsonl" --target "$TARGET" --out "$WORK/train.jsonl.part" \
         --max-rows "${2:?ROWS}" --max-turns 1 --max-new-tokens 256 --batch-size 256 --device cuda --dtype bfloat16 \
@@ -43,7 +50,7 @@ train)
     for seed in $SEEDS; do
         # shellcheck disable=SC2086
         python3 bench/ablation_gpu.py train --data "$TRAIN" --prompts "$DATA/heldout_prompts.jsonl" \
-            --target "$TARGET" --root "$WORK/seed$seed" --seed "$seed" --runs $RUNS --minutes "${2:?MINUTES}" --num-layers 4 ${DRAFT_VOCAB:+--draft-vocab $DRAFT_VOCAB} \
+            --target "$TARGET" --root "$WORK/seed$seed" --seed "$seed" --runs $RUNS --minutes "${2:?MINUTES}" --max-steps "${MAX_STEPS:-100000}" --num-layers 4 ${DRAFT_VOCAB:+--draft-vocab $DRAFT_VOCAB} \
             --save-every "${SAVE_EVERY:-100}" --capture-graphs --num-prompts "${PROMPTS:-30}" \
             --max-new-tokens "${NEW_TOKENS:-192}" > "$WORK/train_seed$seed.log" 2>&1 &
     done
@@ -95,6 +102,34 @@ bench)
         first=0
     done
     if [ -n "${OUT:-}" ]; then mkdir -p "$OUT/bench" && cp "$WORK"/bench/* "$OUT/bench/"; fi
+    ;;
+all)
+    rm -f "$WORK/done"
+    {
+        if [ "${2:?ROWS}" -gt 0 ] && [ ! -f "$WORK/train.jsonl" ]; then
+            echo "== gen $(date +%T)"; OUT="" bash "$0" gen "$2"
+        fi
+        echo "== train $(date +%T)"; OUT="" bash "$0" train "${3:?MINUTES}"
+        echo "== eval $(date +%T)"; OUT="" bash "$0" eval
+        echo "== bench $(date +%T)"; OUT="" bash "$0" bench "${4:?REQUESTS}"
+        echo "== done $(date +%T)"
+    } >> "$WORK/all.log" 2>&1 || echo "== failed $(date +%T)" >> "$WORK/all.log"
+    touch "$WORK/done"
+    ;;
+collect)
+    stage=$(mktemp -d)
+    for seed in $SEEDS; do
+        [ -d "$WORK/seed$seed/sweep" ] || continue
+        mkdir -p "$stage/seed$seed"
+        (cd "$WORK/seed$seed" && tar czf "$stage/seed$seed/sweep.tar.gz" sweep)
+    done
+    [ -d "$WORK/bench" ] && mkdir -p "$stage/bench" && cp "$WORK"/bench/*.json "$stage/bench/" 2>/dev/null || true
+    tar czf "${OUT:?}/results.tar.gz" -C "$stage" .
+    # the rows `gen` regenerated: carried back in as $WORK/train.jsonl, a later `all 0 ...` skips gen
+    [ -f "$WORK/train.jsonl" ] && gzip -c "$WORK/train.jsonl" > "$OUT/regenerated.jsonl.gz"
+    (cd "$WORK" && tar czf "$OUT/logs.tar.gz" --ignore-failed-read ./*.log seed*/train_summary.json bench/*.log 2>/dev/null) || true
+    rm -rf "$stage"
+    ls -la "$OUT"
     ;;
 public)
     seed=$(echo $SEEDS | cut -d' ' -f1)

@@ -184,12 +184,17 @@ class _SyncOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_round_has_no_host_reads(monkeypatch):
+@pytest.mark.parametrize("head", [{}, {"draft_vocab_size": 40}, {"draft_weight_format": "fp8"}],
+                         ids=["whole-vocab", "reduced-vocab", "fp8-draft"])
+def test_round_has_no_host_reads(monkeypatch, head):
     """Every way a tensor value can reach Python is counted while rounds run: a spec round and
-    an AR step make none, and generate() makes exactly one per round."""
+    an AR step make none, and generate() makes exactly one per round; with every draft head
+    option (a reduced vocabulary once read the anchor's draft id on the host: x[n] for a 0-d n,
+    which broke CUDA graph capture)."""
     target = tiny_target(seed=2)
-    draft = tiny_draft(target, block_size=4, markov_rank=8)
-    engine = Engine(target, draft, EngineConfig(max_context=64))
+    draft = tiny_draft(target, block_size=4, markov_rank=8,
+                       **{k: v for k, v in head.items() if k == "draft_vocab_size"}).eval()
+    engine = Engine(target, draft, EngineConfig(max_context=64, draft_weight_format=head.get("draft_weight_format", "model")))
     engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # state: a prefilled request
     reads = []
     for name in HOST_READS:
@@ -209,6 +214,18 @@ def test_round_has_no_host_reads(monkeypatch):
     stats = engine.generate([1, 2, 3], SamplingParams(max_tokens=20))
     # one read of the first token after the prefill, then one `out.tolist()` per round
     assert reads.count("tolist") == len(stats.accepts) and len(reads) == len(stats.accepts) + 1, reads
+
+
+def test_warmup_captures_without_grad(monkeypatch):
+    """warmup() is called from plain code (serve's startup, bench): its steps must still trace
+    without autograd, or a compiled step traces a backward our FP8 draft op does not have."""
+    target = tiny_target(seed=2)
+    engine = Engine(target, tiny_draft(target, block_size=4, markov_rank=8).eval(), EngineConfig(max_context=64))
+    seen = []
+    monkeypatch.setattr(engine, "_prepare", lambda *a, **k: seen.append(torch.is_grad_enabled()))
+    assert torch.is_grad_enabled()
+    engine.warmup("spec", 0.0)
+    assert seen == [False]
 
 
 @pytest.mark.parametrize("trunc", [(0, 1.0), (5, 0.8)])

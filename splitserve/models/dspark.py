@@ -28,7 +28,7 @@ from splitserve.models.candidate_chain import candidate_chain, supports_candidat
 from splitserve.models.families import ArchRecord
 from splitserve.models.heads import ConfidenceHead, MarkovHead
 from splitserve.models.layers import DraftLayer, RMSNorm, Rotary
-from splitserve.models.vocab_map import VocabMap
+from splitserve.models.vocab_map import VocabMap, lookup
 
 
 @dataclass(frozen=True)
@@ -175,11 +175,11 @@ class DSparkDraft(nn.Module):
     def head_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Target ids (...) -> the ids W1 reads (...): the same ids, or for a reduced draft its
         own id of each, N for a token outside its vocabulary."""
-        return self.head_index[ids] if self.arch.reduced else ids
+        return lookup(self.head_index, ids) if self.arch.reduced else ids
 
     def to_target(self, head_ids: torch.Tensor) -> torch.Tensor:
         """The draft's ids (...) in 0..N-1 -> target ids (...)."""
-        return head_ids + self.d2t[head_ids] if self.arch.reduced else head_ids
+        return head_ids + lookup(self.d2t, head_ids) if self.arch.reduced else head_ids
 
     def spread(self, probs: torch.Tensor) -> torch.Tensor:
         """(..., N) distributions over the draft's ids -> (..., V) over the target's, zero off the

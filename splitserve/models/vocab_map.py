@@ -64,12 +64,18 @@ class VocabMap:
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """draft ids (...) -> target ids (...)."""
-        return draft_ids + self.d2t[draft_ids]
+        return draft_ids + lookup(self.d2t, draft_ids)
 
     def to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
         """target ids (...) -> draft ids (...), -1 where the draft vocabulary lacks the token."""
         index = torch.cumsum(self.t2d.to(torch.long), 0) - 1  # (V,) draft id of each marked target id
-        return torch.where(self.t2d[target_ids], index[target_ids], torch.full_like(target_ids, -1))
+        return torch.where(lookup(self.t2d, target_ids), lookup(index, target_ids), torch.full_like(target_ids, -1))
+
+
+def lookup(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """table (V,), ids (...) -> table[ids] (...) as a gather on the device. Plain indexing with a
+    0-dim tensor reads the index on the host (a sync), which breaks CUDA graph capture."""
+    return table.index_select(0, ids.reshape(-1)).view(ids.shape)
 
 
 def count_tokens(samples: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int) -> torch.Tensor:

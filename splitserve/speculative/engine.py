@@ -288,6 +288,7 @@ class Engine:
                 f"of {self.max_context} tokens"
             )
 
+    @torch.no_grad()  # compiled under grad mode, a step would trace a backward (none exists for our FP8 ops)
     def warmup(self, mode: str = "spec", temperature: float = 0.0) -> None:
         """Capture the step's graphs now (no-op off CUDA), so the first request is not slower."""
         self._prepare(mode, temperature, 1, self.max_context - 1)
