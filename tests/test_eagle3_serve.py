@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import host_reads
 import marginals
-from test_serve_engine import HOST_READS, _SyncOps
 from tiny import tiny_target
 
 import splitserve.speculative.decode as decode
@@ -239,20 +239,8 @@ def test_round_has_no_host_reads(monkeypatch):
     target = tiny_target(seed=2)
     engine = Engine(target, _eagle3(target, gamma=3), EngineConfig(max_context=64))
     engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # state: a prefilled request
-    reads = []
-    for name in HOST_READS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *a, _orig=original, _name=name, **k):
-            reads.append(_name)
-            return _orig(self, *a, **k)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    for temperature, trunc in ((0.0, (0, 1.0)), (1.0, (0, 1.0)), (1.0, (5, 0.8))):
-        with _SyncOps() as syncs:
-            engine._spec_round(temperature, engine.windows[-1], trunc)
-        assert syncs.seen == [], (temperature, trunc, syncs.seen)
-    assert reads == []
+    w = engine.windows[-1]
+    reads = host_reads.assert_steps_sync_free(monkeypatch, [lambda t, tr: engine._spec_round(t, w, tr)])
     stats = engine.generate([1, 2, 3], SamplingParams(max_tokens=20))
     assert reads.count("tolist") == len(stats.accepts) and len(reads) == len(stats.accepts) + 1, reads
 

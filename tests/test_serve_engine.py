@@ -2,11 +2,11 @@
 greedy output (any draft, any accept pattern), T=1 sampling follows the target distribution,
 and a round makes no host read but the one of its committed tokens."""
 
+import host_reads
 import pytest
 import torch
 from marginals import sample_two_tokens, two_token_marginals
 from tiny import tiny_draft, tiny_target
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from splitserve.config import EngineConfig
 from splitserve.speculative.decode import target_decode
@@ -160,28 +160,6 @@ def test_context_limits():
     assert len(engine.generate(list(range(10)), SamplingParams(max_tokens=22)).tokens) == 22
 
 
-HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
-
-
-aten = torch.ops.aten
-# Ops that make a CUDA device wait for the host or the host for the device: tensor -> Python
-# number (every .item()/int()/bool(), including C++'s own, e.g. x[n] for a 0-d tensor n), and
-# ops whose output shape depends on values.
-SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
-            aten.equal.default, aten.is_nonzero.default, aten._unique2.default, aten.unique_consecutive.default}
-
-
-class _SyncOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        bool_index = func is aten.index.Tensor and any(
-            t is not None and t.dtype == torch.bool for t in (args[1] if len(args) > 1 else []))
-        if func in SYNC_OPS or bool_index:
-            self.seen.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("head", [{}, {"draft_vocab_size": 40}, {"draft_weight_format": "fp8"}],
@@ -196,21 +174,9 @@ def test_round_has_no_host_reads(monkeypatch, head):
                        **{k: v for k, v in head.items() if k == "draft_vocab_size"}).eval()
     engine = Engine(target, draft, EngineConfig(max_context=64, draft_weight_format=head.get("draft_weight_format", "model")))
     engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # state: a prefilled request
-    reads = []
-    for name in HOST_READS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *a, _orig=original, _name=name, **k):
-            reads.append(_name)
-            return _orig(self, *a, **k)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    for temperature, trunc in ((0.0, (0, 1.0)), (1.0, (0, 1.0)), (1.0, (5, 0.8))):
-        with _SyncOps() as syncs:
-            engine._spec_round(temperature, engine.windows[-1], trunc)
-            engine._ar_step(temperature, engine.windows[-1], trunc)
-        assert syncs.seen == [], (temperature, trunc, syncs.seen)
-    assert reads == []
+    w = engine.windows[-1]
+    reads = host_reads.assert_steps_sync_free(
+        monkeypatch, [lambda t, tr: engine._spec_round(t, w, tr), lambda t, tr: engine._ar_step(t, w, tr)])
     stats = engine.generate([1, 2, 3], SamplingParams(max_tokens=20))
     # one read of the first token after the prefill, then one `out.tolist()` per round
     assert reads.count("tolist") == len(stats.accepts) and len(reads) == len(stats.accepts) + 1, reads

@@ -1,6 +1,7 @@
 """Confidence-scheduled verification: the prefix rule on hand-set survivals, and the engine with
 the schedule on stays lossless (greedy = the target's greedy, T=1 = the target's distribution)."""
 
+import host_reads
 import pytest
 import test_serve_engine as base  # a module import: its tests are not collected twice
 import torch
@@ -67,15 +68,13 @@ def test_greedy_with_schedule_equals_target_greedy(gamma):
     assert len(lengths) > 1 and max(lengths) < gamma  # the schedule truncated, and not always alike
 
 
-def test_scheduled_round_has_no_sync_ops():
+def test_scheduled_round_has_no_sync_ops(monkeypatch):
     target = tiny_target(seed=2)
     draft = tiny_draft(target, block_size=4, markov_rank=8)
     engine = Engine(target, draft, EngineConfig(max_context=64, verify_schedule="confidence"))
     engine.generate([1, 2, 3], SamplingParams(max_tokens=4))
-    for temperature, trunc in ((0.0, (0, 1.0)), (1.0, (0, 1.0)), (1.0, (5, 0.8))):
-        with base._SyncOps() as syncs:
-            engine._spec_round(temperature, engine.windows[-1], trunc)
-        assert syncs.seen == [], (temperature, trunc, syncs.seen)
+    w = engine.windows[-1]
+    host_reads.assert_steps_sync_free(monkeypatch, [lambda t, tr: engine._spec_round(t, w, tr)])
 
 
 @pytest.mark.parametrize("trunc", [(0, 1.0), (5, 0.8)])
