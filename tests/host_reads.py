@@ -32,6 +32,14 @@ class SyncOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def round_steps(engine, ar: bool = True) -> list:
+    """The engine's spec round (and, with ar, its AR step) at its widest window, as the
+    (temperature, trunc) callables assert_steps_sync_free runs."""
+    w = engine.windows[-1]
+    steps = [lambda t, tr: engine._spec_round(t, w, tr)]
+    return steps + [lambda t, tr: engine._ar_step(t, w, tr)] if ar else steps
+
+
 def count_host_reads(monkeypatch) -> list[str]:
     """From now on (this test), every HOST_READS call appends its name to the returned list."""
     reads: list[str] = []

@@ -239,8 +239,7 @@ def test_round_has_no_host_reads(monkeypatch):
     target = tiny_target(seed=2)
     engine = Engine(target, _eagle3(target, gamma=3), EngineConfig(max_context=64))
     engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # state: a prefilled request
-    w = engine.windows[-1]
-    reads = host_reads.assert_steps_sync_free(monkeypatch, [lambda t, tr: engine._spec_round(t, w, tr)])
+    reads = host_reads.assert_steps_sync_free(monkeypatch, host_reads.round_steps(engine, ar=False))
     stats = engine.generate([1, 2, 3], SamplingParams(max_tokens=20))
     assert reads.count("tolist") == len(stats.accepts) and len(reads) == len(stats.accepts) + 1, reads
 

@@ -22,24 +22,21 @@ def _prefilled(target, draft, **cfg) -> Engine:
     return engine
 
 
-def _round_steps(engine: Engine) -> list:
-    w = engine.windows[-1]
-    return [lambda t, tr: engine._spec_round(t, w, tr), lambda t, tr: engine._ar_step(t, w, tr)]
-
-
 @pytest.mark.parametrize("arch", ["qwen3-next", "nemotron-h"])
 def test_a_hybrid_targets_round_and_rewind_read_nothing(arch, monkeypatch):
     target = hybrid(arch)
     engine = _prefilled(target, tiny_draft(target, block_size=4, markov_rank=8).eval())
     assert engine._recurrent
+    # the rewind after a round: the first `keep` verified tokens become the recurrent state
     rewinds = [lambda t, tr, k=keep: engine.target.commit_static(engine.cache, k) for keep in (1, engine.gamma + 1)]
-    host_reads.assert_steps_sync_free(monkeypatch, _round_steps(engine)[:1] + rewinds + _round_steps(engine)[1:])
+    spec, ar = host_reads.round_steps(engine)
+    host_reads.assert_steps_sync_free(monkeypatch, [spec, *rewinds, ar])  # in the order the engine runs them
 
 
 def test_an_mtp_heads_round_reads_nothing(tmp_path, monkeypatch):
     target = load_mtp_target(save_mtp_target(tmp_path / "t", "deepseek_v3"))
     engine = _prefilled(target, mtp_draft(target, steps=3))
-    host_reads.assert_steps_sync_free(monkeypatch, _round_steps(engine)[:1])
+    host_reads.assert_steps_sync_free(monkeypatch, host_reads.round_steps(engine, ar=False))
 
 
 @pytest.mark.parametrize("attention", ["kernel", "sdpa"])
@@ -48,4 +45,4 @@ def test_a_windowed_drafts_round_reads_nothing(attention, monkeypatch):
     torch.manual_seed(0)
     draft = tiny_draft(target, block_size=4, markov_rank=8, context_window=3).eval()
     engine = _prefilled(target, draft, draft_attention=attention)
-    host_reads.assert_steps_sync_free(monkeypatch, _round_steps(engine))
+    host_reads.assert_steps_sync_free(monkeypatch, host_reads.round_steps(engine))

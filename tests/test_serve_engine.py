@@ -160,23 +160,18 @@ def test_context_limits():
     assert len(engine.generate(list(range(10)), SamplingParams(max_tokens=22)).tokens) == 22
 
 
-
-
-@pytest.mark.parametrize("head", [{}, {"draft_vocab_size": 40}, {"draft_weight_format": "fp8"}],
+@pytest.mark.parametrize("draft_vocab, weight_format", [(0, "model"), (40, "model"), (0, "fp8")],
                          ids=["whole-vocab", "reduced-vocab", "fp8-draft"])
-def test_round_has_no_host_reads(monkeypatch, head):
+def test_round_has_no_host_reads(monkeypatch, draft_vocab, weight_format):
     """Every way a tensor value can reach Python is counted while rounds run: a spec round and
     an AR step make none, and generate() makes exactly one per round; with every draft head
     option (a reduced vocabulary once read the anchor's draft id on the host: x[n] for a 0-d n,
     which broke CUDA graph capture)."""
     target = tiny_target(seed=2)
-    draft = tiny_draft(target, block_size=4, markov_rank=8,
-                       **{k: v for k, v in head.items() if k == "draft_vocab_size"}).eval()
-    engine = Engine(target, draft, EngineConfig(max_context=64, draft_weight_format=head.get("draft_weight_format", "model")))
+    draft = tiny_draft(target, block_size=4, markov_rank=8, draft_vocab_size=draft_vocab).eval()
+    engine = Engine(target, draft, EngineConfig(max_context=64, draft_weight_format=weight_format))
     engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # state: a prefilled request
-    w = engine.windows[-1]
-    reads = host_reads.assert_steps_sync_free(
-        monkeypatch, [lambda t, tr: engine._spec_round(t, w, tr), lambda t, tr: engine._ar_step(t, w, tr)])
+    reads = host_reads.assert_steps_sync_free(monkeypatch, host_reads.round_steps(engine))
     stats = engine.generate([1, 2, 3], SamplingParams(max_tokens=20))
     # one read of the first token after the prefill, then one `out.tolist()` per round
     assert reads.count("tolist") == len(stats.accepts) and len(reads) == len(stats.accepts) + 1, reads

@@ -73,8 +73,7 @@ def test_scheduled_round_has_no_sync_ops(monkeypatch):
     draft = tiny_draft(target, block_size=4, markov_rank=8)
     engine = Engine(target, draft, EngineConfig(max_context=64, verify_schedule="confidence"))
     engine.generate([1, 2, 3], SamplingParams(max_tokens=4))
-    w = engine.windows[-1]
-    host_reads.assert_steps_sync_free(monkeypatch, [lambda t, tr: engine._spec_round(t, w, tr)])
+    host_reads.assert_steps_sync_free(monkeypatch, host_reads.round_steps(engine, ar=False))
 
 
 @pytest.mark.parametrize("trunc", [(0, 1.0), (5, 0.8)])
