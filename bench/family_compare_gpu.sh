@@ -9,6 +9,7 @@
 # train.jsonl / heldout_prompts.jsonl in $DATA (see bench/public_shape_gpu.sh):
 #   bash bench/family_compare_gpu.sh gen ROWS         (another target) regenerate the first reply of ROWS
 #                                                     training rows with $TARGET itself, greedy, into $WORK/train.jsonl
+#                                                     (GEN_NEW_TOKENS, GEN_BATCHING, GEN_SECONDS: see the gen case)
 #   bash bench/family_compare_gpu.sh train MINUTES    both seeds' runs at once, every run MINUTES of wall time
 #                                                     (or MAX_STEPS steps, whichever comes first)
 #   bash bench/family_compare_gpu.sh eval             both seeds at the step every run of both reached
@@ -39,9 +40,19 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$WORK"
 case "${1:?gen ROWS | train MINUTES | eval | bench REQUESTS | all ROWS MINUTES REQUESTS | collect | public REQUESTS}" in
 gen)
-    python3 -m splitserve.cli gen --data "$DATA/train.jsonl" --target "$TARGET" --out "$WORK/train.jsonl.part" \
-        --max-rows "${2:?ROWS}" --max-turns 1 --max-new-tokens 256 --batch-size 256 --device cuda --dtype bfloat16 \
-        > "$WORK/gen.log" 2>&1 || { tail -n 30 "$WORK/gen.log"; exit 1; }
+    # GEN_SECONDS caps gen's wall time: the rows written by then are kept (gen appends whole rows), and
+    # the log says how many. GEN_BATCHING=static suits a target whose replies all run to the cap.
+    rc=0
+    ${GEN_SECONDS:+timeout --signal=TERM "$GEN_SECONDS"} python3 -m splitserve.cli gen --data "$DATA/train.jsonl" \
+        --target "$TARGET" --out "$WORK/train.jsonl.part" --max-rows "${2:?ROWS}" --max-turns 1 \
+        --max-new-tokens "${GEN_NEW_TOKENS:-256}" --batch-size 256 --batching "${GEN_BATCHING:-continuous}" \
+        --device cuda --dtype bfloat16 > "$WORK/gen.log" 2>&1 || rc=$?
+    if [ "$rc" = 124 ] && [ -s "$WORK/train.jsonl.part" ]; then
+        echo "gen stopped after ${GEN_SECONDS} s with $(wc -l < "$WORK/train.jsonl.part") rows written: training on those" \
+            | tee -a "$WORK/gen.log"
+    elif [ "$rc" != 0 ]; then
+        tail -n 30 "$WORK/gen.log"; exit 1
+    fi
     mv "$WORK/train.jsonl.part" "$WORK/train.jsonl"
     tail -n 5 "$WORK/gen.log"
     if [ -n "${OUT:-}" ]; then cp "$WORK/gen.log" "$OUT/"; fi
