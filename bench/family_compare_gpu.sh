@@ -25,6 +25,8 @@
 # Work lives in $WORK (default /tmp/families); what the table needs is copied to $OUT when it is set.
 # TARGET (default smollm2-135m) is a conf/target option; for gemma3-270m, source bench/device_gemma3.sh env first.
 # DRAFT_VOCAB=N trains the DSpark and DFlash runs with draft.draft_vocab_size=N (use its own WORK).
+# LOSS_CHUNK_ROWS=N bounds the loss's logits to N rows at a time (train.loss_chunk_rows). Gemma-3-270M
+# needs it: with its 262K vocabulary, eight runs sharing one H200 ran out of memory without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env
@@ -61,7 +63,7 @@ train)
     for seed in $SEEDS; do
         # shellcheck disable=SC2086
         python3 bench/ablation_gpu.py train --data "$TRAIN" --prompts "$DATA/heldout_prompts.jsonl" \
-            --target "$TARGET" --root "$WORK/seed$seed" --seed "$seed" --runs $RUNS --minutes "${2:?MINUTES}" --max-steps "${MAX_STEPS:-100000}" --num-layers 4 ${DRAFT_VOCAB:+--draft-vocab $DRAFT_VOCAB} \
+            --target "$TARGET" --root "$WORK/seed$seed" --seed "$seed" --runs $RUNS --minutes "${2:?MINUTES}" --max-steps "${MAX_STEPS:-100000}" --num-layers 4 ${DRAFT_VOCAB:+--draft-vocab $DRAFT_VOCAB} ${LOSS_CHUNK_ROWS:+--loss-chunk-rows $LOSS_CHUNK_ROWS} \
             --save-every "${SAVE_EVERY:-100}" --capture-graphs --num-prompts "${PROMPTS:-30}" \
             --max-new-tokens "${NEW_TOKENS:-192}" > "$WORK/train_seed$seed.log" 2>&1 &
     done
