@@ -1,0 +1,159 @@
+"""Do training and serving see the same target? One target, three ways of capturing its hidden states.
+
+    python bench/capture_paths.py --target gemma3-270m [--draft RUN_DIR] [--prompts FILE] [--device cuda]
+        [--dtype bfloat16] [--num-prompts 4] [--out FILE.json]
+
+A draft learns from the captures of training (target/bucketed.py: samples padded to a length
+bucket, several per forward, replayed as CUDA graphs on a GPU) and is served on the captures of
+the engine's target forward (forward_static over a preallocated cache, prefill then verify-sized
+pieces). If the two differ, a draft that trains well drafts badly, and nothing on the training
+side shows it. Per prompt (a held-out chat and the target's own greedy reply to it, so contexts
+run past a sliding window), this prints the largest difference of each path's captured hidden
+states from the eager capture, relative to their largest magnitude.
+
+With --draft, the draft's first proposed token at a few anchors of each sequence, three ways:
+teacher-forced as training computes it (packed blocks over the bucketed capture), the serving
+round (`draft.draft` over the serving capture's context) and the same round in float32 eager,
+against the sequence's own next token. Training and serving must agree nearly always. Then τ of
+the prompt served three ways: the reference loop (speculative/decode.py), and the engine with the
+draft's context attention through the split-KV kernel and through SDPA (EngineConfig.draft_attention).
+Glossary: T tokens, m·D captured width, γ block size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from splitserve.config import TargetConfig
+from splitserve.data import ChatTemplate, encode_prompt, read_prompts, resolve_prompts_path
+from splitserve.loading import load_draft
+from splitserve.config import EngineConfig
+from splitserve.speculative.decode import SpecDecoder, target_decode
+from splitserve.speculative.engine import Engine, SamplingParams
+from splitserve.target import load_target
+from splitserve.target.bucketed import BucketedCapture
+from splitserve.target.sdpa import varlen_sdpa
+from splitserve.train.packing import pack_blocks
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|, in float32."""
+    a, b = a.float(), b.float()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def serving_capture(target, ids: torch.Tensor, prefill: int, piece: int) -> torch.Tensor:
+    """ids (1, T) -> aux (1, T, m·D) of forward_static: a prefill of `prefill` tokens, then pieces
+    of `piece` tokens (a verify's γ+1), as the engine writes them."""
+    t = ids.shape[1]
+    cache = target.new_static_cache(t + piece)
+    pos = torch.arange(t, device=ids.device)
+    out, p = [], 0
+    while p < t:
+        n = prefill if p == 0 else min(piece, t - p)
+        _, cap = target.forward_static(ids[:, p:p + n], cache, pos[p:p + n])
+        out.append(cap.aux)
+        p += n
+    return torch.cat(out, 1)
+
+
+@torch.no_grad()
+def first_tokens(draft, ids: torch.Tensor, aux: torch.Tensor, anchors: list[int]) -> tuple[list[int], list[int]]:
+    """-> (teacher-forced slot-0 tokens as training computes them, served slot-0 tokens) at `anchors`."""
+    g, t = draft.arch.block_size, ids.shape[1]
+    dev = ids.device
+    a = torch.tensor([anchors], device=dev)
+    n = len(anchors)
+    packed = pack_blocks(ids, torch.ones_like(ids, dtype=torch.bool), torch.tensor([t], device=dev), a,
+                         torch.ones(1, n, dtype=torch.bool, device=dev), g, draft.arch.mask_token_id,
+                         draft.arch.context_window)
+    aux = aux.to(next(draft.parameters()).dtype)
+    with varlen_sdpa():
+        ctx = draft.context_kv(aux, torch.arange(t, device=dev)[None])
+        h = draft.backbone(packed.block_ids, packed.block_pos, ctx, packed.mask).view(1, n, g, -1)[0]
+    prev = ids[0][packed.label_pos[0] - 1]  # (n, γ)
+    logits = draft.head_logits(h, draft.markov_latent(h, prev))  # (n, γ, N)
+    taught = draft.to_target(logits.argmax(-1))[:, 0].tolist()
+    served = []
+    for p in anchors:
+        kv = draft.context_kv(aux[:, :p], torch.arange(p, device=dev)[None])
+        served.append(int(draft.draft(kv, ids[0, p], p)[0][0]))
+    return taught, served
+
+
+def tau(accepts: list[int]) -> float:
+    """Tokens committed per round: accepted draft tokens + the target's own."""
+    return sum(a + 1 for a in accepts) / max(len(accepts), 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--draft", default=None, help="a run directory: compare its teacher-forced and served tokens")
+    ap.add_argument("--prompts", default="chitchat")
+    ap.add_argument("--num-prompts", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=400, help="the target's greedy reply appended to each prompt")
+    ap.add_argument("--served-tokens", type=int, default=128, help="tokens each prompt is served for (τ)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    dev = torch.device(args.device)
+    target = load_target(TargetConfig(path=args.target, dtype=args.dtype), dev)
+    draft = load_draft(args.draft, target).eval() if args.draft else None
+    draft32 = load_draft(args.draft, target).float().eval() if args.draft else None
+    bucketed = BucketedCapture(target, max_len=4096, use_graphs=dev.type == "cuda")
+    piece = (draft.arch.block_size + 1) if draft is not None else 17
+    rows, agree = [], {"taught_right": 0, "served_right": 0, "served32_right": 0, "same": 0, "n": 0}
+    for prompt in read_prompts(resolve_prompts_path(args.prompts))[: args.num_prompts]:
+        ids = encode_prompt(target.tokenizer, prompt, ChatTemplate())
+        prompt_ids = list(ids)
+        with varlen_sdpa():
+            ids = ids + target_decode(target, ids, args.new_tokens)
+        x = torch.tensor(ids, device=dev)[None]
+        t = x.shape[1]
+        with torch.no_grad(), varlen_sdpa():
+            eager = target.capture(x).aux
+        graph = bucketed(x[0]).aux
+        served = serving_capture(target, x, min(t, 128), piece)
+        row = {"tokens": t, "bucketed_vs_eager": rel(graph, eager), "serving_vs_eager": rel(served, eager),
+               "aux_max_abs": float(eager.abs().max())}
+        if draft is not None:
+            g = draft.arch.block_size
+            anchors = list(range(max(1, t // 4), t - g - 1, max(1, (t - g) // 24)))
+            taught, _ = first_tokens(draft, x, graph, anchors)
+            _, serv = first_tokens(draft, x, served, anchors)
+            _, serv32 = first_tokens(draft32, x, served.float(), anchors)
+            truth = [ids[p + 1] for p in anchors]
+            agree["taught_right"] += sum(a == b for a, b in zip(taught, truth))
+            agree["served_right"] += sum(a == b for a, b in zip(serv, truth))
+            agree["served32_right"] += sum(a == b for a, b in zip(serv32, truth))
+            agree["same"] += sum(a == b for a, b in zip(taught, serv))
+            agree["n"] += len(anchors)
+            with varlen_sdpa():
+                loop = SpecDecoder(target, draft).generate(prompt_ids, args.served_tokens)
+            row["tau_loop"] = tau(loop.accepts)
+            for kind in ("kernel", "sdpa"):
+                engine = Engine(target, draft, EngineConfig(max_context=len(prompt_ids) + args.served_tokens + 8, draft_attention=kind))
+                stats = engine.generate(prompt_ids, SamplingParams(max_tokens=args.served_tokens))
+                row[f"tau_engine_{kind}"] = tau(stats.accepts)
+                row[f"engine_{kind}_equals_loop"] = stats.tokens == loop.tokens
+                del engine
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    result = {"target": args.target, "device": str(dev), "dtype": args.dtype, "prompts": rows}
+    if draft is not None:
+        result["first_token"] = agree
+        print(f"first draft token at {agree['n']} anchors: teacher-forced right {agree['taught_right']}, served right "
+              f"{agree['served_right']} (float32 {agree['served32_right']}), teacher-forced == served {agree['same']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
