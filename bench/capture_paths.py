@@ -9,14 +9,18 @@ the engine's target forward (forward_static over a preallocated cache, prefill t
 pieces). If the two differ, a draft that trains well drafts badly, and nothing on the training
 side shows it. Per prompt (a held-out chat and the target's own greedy reply to it, so contexts
 run past a sliding window), this prints the largest difference of each path's captured hidden
-states from the eager capture, relative to their largest magnitude.
+states from the eager capture, relative to their largest magnitude, and the serving path once more
+with cuDNN's fused attention excluded (training's captures never use it: target/sdpa.py).
 
 With --draft, the draft's first proposed token at a few anchors of each sequence, three ways:
 teacher-forced as training computes it (packed blocks over the bucketed capture), the serving
 round (`draft.draft` over the serving capture's context) and the same round in float32 eager,
-against the sequence's own next token. Training and serving must agree nearly always. Then τ of
+against the sequence's own next token; then the engine's drafter (its static context cache, the
+block's attention through the split-KV kernel and through SDPA), counting non-finite hidden states
+and logits. Training and serving must agree nearly always. Then τ of
 the prompt served three ways: the reference loop (speculative/decode.py), and the engine with the
-draft's context attention through the split-KV kernel and through SDPA (EngineConfig.draft_attention).
+draft's context attention through the split-KV kernel and through SDPA (EngineConfig.draft_attention),
+and the kernel once more with cuDNN excluded from the target's attention; each greedy and at T=1.
 Glossary: T tokens, m·D captured width, γ block size.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -33,7 +38,9 @@ from splitserve.data import ChatTemplate, encode_prompt, read_prompts, resolve_p
 from splitserve.loading import load_draft
 from splitserve.config import EngineConfig
 from splitserve.speculative.decode import SpecDecoder, target_decode
+from splitserve.speculative.drafter import engine_drafter
 from splitserve.speculative.engine import Engine, SamplingParams
+from splitserve.target.native.attention_kernel import decode_attention
 from splitserve.target import load_target
 from splitserve.target.bucketed import BucketedCapture
 from splitserve.target.sdpa import varlen_sdpa
@@ -85,6 +92,37 @@ def first_tokens(draft, ids: torch.Tensor, aux: torch.Tensor, anchors: list[int]
     return taught, served
 
 
+@torch.no_grad()
+def engine_first_tokens(draft, ids: torch.Tensor, aux: torch.Tensor, anchors: list[int],
+                        attend) -> tuple[list[int], int, int]:
+    """The engine's own drafter (static context cache; `attend` the split-KV kernel, None SDPA under
+    a mask) at each anchor -> (slot-0 target ids, non-finite entries of the block's hidden states,
+    non-finite draft logits). A NaN logit makes torch's argmax pick it and a T>0 draw fail."""
+    t = ids.shape[1]
+    dev = ids.device
+    cap = t + draft.arch.block_size + 1
+    drafter = engine_drafter(draft, cap, dev, attend)
+    aux = aux.to(next(draft.parameters()).dtype)
+    bad = {"h": 0, "logits": 0}
+
+    def count(name):
+        def hook(_m, _i, out):
+            bad[name] += int((~torch.isfinite(out.float())).sum())
+        return hook
+
+    hooks = [draft.norm.register_forward_hook(count("h")), draft.lm_head.register_forward_hook(count("logits"))]
+    try:
+        tokens = []
+        for p in anchors:  # the context 0..p-1 rewritten each time: a block overwrites its own slots
+            drafter.commit(aux[:, :p], torch.zeros((), dtype=torch.long, device=dev), ids[0, 1:p + 1], p - 1)
+            got = drafter.propose(ids[0, p], torch.tensor(p, device=dev), window=cap)[0]
+            tokens.append(int(got[0]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return tokens, bad["h"], bad["logits"]
+
+
 def tau(accepts: list[int]) -> float:
     """Tokens committed per round: accepted draft tokens + the target's own."""
     return sum(a + 1 for a in accepts) / max(len(accepts), 1)
@@ -109,7 +147,7 @@ def main() -> None:
     draft32 = load_draft(args.draft, target).float().eval() if args.draft else None
     bucketed = BucketedCapture(target, max_len=4096, use_graphs=dev.type == "cuda")
     piece = (draft.arch.block_size + 1) if draft is not None else 17
-    rows, agree = [], {"taught_right": 0, "served_right": 0, "served32_right": 0, "same": 0, "n": 0}
+    rows, served_prompts, agree = [], [], {"taught_right": 0, "served_right": 0, "served32_right": 0, "same": 0, "n": 0}
     for prompt in read_prompts(resolve_prompts_path(args.prompts))[: args.num_prompts]:
         ids = encode_prompt(target.tokenizer, prompt, ChatTemplate())
         prompt_ids = list(ids)
@@ -121,7 +159,12 @@ def main() -> None:
             eager = target.capture(x).aux
         graph = bucketed(x[0]).aux
         served = serving_capture(target, x, min(t, 128), piece)
+        with varlen_sdpa():  # the same forward with cuDNN's attention excluded, as training's captures run
+            served_nocudnn = serving_capture(target, x, min(t, 128), piece)
         row = {"tokens": t, "bucketed_vs_eager": rel(graph, eager), "serving_vs_eager": rel(served, eager),
+               "serving_without_cudnn_vs_eager": rel(served_nocudnn, eager),
+               "aux_nonfinite": {"eager": int((~torch.isfinite(eager)).sum()),
+                                 "serving": int((~torch.isfinite(served)).sum())},
                "aux_max_abs": float(eager.abs().max())}
         if draft is not None:
             g = draft.arch.block_size
@@ -135,22 +178,41 @@ def main() -> None:
             agree["served32_right"] += sum(a == b for a, b in zip(serv32, truth))
             agree["same"] += sum(a == b for a, b in zip(taught, serv))
             agree["n"] += len(anchors)
+            for kind, attend in (("kernel", decode_attention), ("sdpa", None)):
+                eng, bad_h, bad_logits = engine_first_tokens(draft, x, served, anchors, attend)
+                agree[f"engine_{kind}_right"] = agree.get(f"engine_{kind}_right", 0) + sum(
+                    a == b for a, b in zip(eng, truth))
+                agree[f"engine_{kind}_nonfinite_h"] = agree.get(f"engine_{kind}_nonfinite_h", 0) + bad_h
+                agree[f"engine_{kind}_nonfinite_logits"] = agree.get(f"engine_{kind}_nonfinite_logits", 0) + bad_logits
             with varlen_sdpa():
                 loop = SpecDecoder(target, draft).generate(prompt_ids, args.served_tokens)
             row["tau_loop"] = tau(loop.accepts)
-            for kind in ("kernel", "sdpa"):
-                engine = Engine(target, draft, EngineConfig(max_context=len(prompt_ids) + args.served_tokens + 8, draft_attention=kind))
-                stats = engine.generate(prompt_ids, SamplingParams(max_tokens=args.served_tokens))
+            for kind, backends in (("kernel", nullcontext), ("sdpa", nullcontext), ("kernel_without_cudnn", varlen_sdpa)):
+                with backends():  # CUDA graphs keep the attention backend chosen at capture
+                    engine = Engine(target, draft, EngineConfig(max_context=len(prompt_ids) + args.served_tokens + 8,
+                                                                draft_attention=kind.split("_")[0]))
+                    stats = engine.generate(prompt_ids, SamplingParams(max_tokens=args.served_tokens))
                 row[f"tau_engine_{kind}"] = tau(stats.accepts)
                 row[f"engine_{kind}_equals_loop"] = stats.tokens == loop.tokens
                 del engine
         rows.append(row)
         print(json.dumps(row), flush=True)
+        served_prompts.append(prompt_ids)
+    # T=1 last: a device-side assert there (a non-finite draw) ends the process, after the rest is printed
+    for i, prompt_ids in enumerate(served_prompts if draft is not None else []):
+        engine = Engine(target, draft, EngineConfig(max_context=len(prompt_ids) + args.served_tokens + 8))
+        stats = engine.generate(prompt_ids, SamplingParams(max_tokens=args.served_tokens, temperature=1.0, seed=0))
+        rows[i]["tau_engine_kernel_T1"] = tau(stats.accepts)
+        print(json.dumps({"prompt": i, "tau_engine_kernel_T1": rows[i]["tau_engine_kernel_T1"]}), flush=True)
+        del engine
     result = {"target": args.target, "device": str(dev), "dtype": args.dtype, "prompts": rows}
     if draft is not None:
         result["first_token"] = agree
         print(f"first draft token at {agree['n']} anchors: teacher-forced right {agree['taught_right']}, served right "
               f"{agree['served_right']} (float32 {agree['served32_right']}), teacher-forced == served {agree['same']}")
+        for kind in ("kernel", "sdpa"):
+            print(f"engine drafter, {kind} attention: right {agree[f'engine_{kind}_right']}, non-finite hidden "
+                  f"entries {agree[f'engine_{kind}_nonfinite_h']}, non-finite logits {agree[f'engine_{kind}_nonfinite_logits']}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 
