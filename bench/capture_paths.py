@@ -48,8 +48,10 @@ from splitserve.train.packing import pack_blocks
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b|, in float32."""
+    """max |a - b| / max |b|, in float32 (inf where a holds a non-finite value)."""
     a, b = a.float(), b.float()
+    if not torch.isfinite(a).all():
+        return float("inf")
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 

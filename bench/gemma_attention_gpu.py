@@ -37,10 +37,10 @@ from pathlib import Path
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from capture_paths import engine_first_tokens, first_tokens, rel  # bench/, beside this script
 from splitserve.config import DraftConfig, TargetConfig
 from splitserve.models.build import build_draft, resolve_arch
 from splitserve.models.vocab_map import VocabMap
-from splitserve.speculative.drafter import engine_drafter
 from splitserve.target.bucketed import BucketedCapture
 from splitserve.target.hf import wrap_hf_model
 from splitserve.target.native import attention as attention_ref
@@ -58,14 +58,6 @@ GEMMA3_270M = dict(
                      "sliding_attention": {"rope_theta": 1e4, "rope_type": "default"}},
 )
 LAYER_IDS = [1, 5, 8, 12, 15]  # the spread rule's five layers on 18 (what the GPU run captured)
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b|, in float32 (inf where a holds a non-finite value)."""
-    a, b = a.float(), b.float()
-    if not torch.isfinite(a).all():
-        return float("inf")
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 def backends(name: str):
@@ -161,33 +153,13 @@ def check_draft(target, ids: torch.Tensor, aux: torch.Tensor, dev: torch.device)
     draft = build_draft(arch, target).to(dev, torch.bfloat16).eval()
     used = torch.randperm(arch.vocab_size)[:32000]
     draft.set_vocab(VocabMap.from_ids(used, arch.vocab_size))
-    t = ids.shape[1]
-    anchors = list(range(200, t - 20, 37))
-    ref_tokens = []
-    for p in anchors:
-        kv = draft.context_kv(aux[:, :p].to(torch.bfloat16), torch.arange(p, device=dev)[None])
-        ref_tokens.append(int(draft.draft(kv, ids[0, p], p)[0][0]))
+    anchors = list(range(200, ids.shape[1] - 20, 37))
+    _, ref_tokens = first_tokens(draft, ids, aux, anchors)  # the reference round (draft.draft)
     out = {"anchors": len(anchors)}
     for kind, attend in (("kernel", decode_attention), ("sdpa", None)):
-        bad = {"h": 0, "logits": 0}
-
-        def count(name):
-            def hook(_m, _i, o):
-                bad[name] += int((~torch.isfinite(o.float())).sum())
-            return hook
-
-        hooks = [draft.norm.register_forward_hook(count("h")), draft.lm_head.register_forward_hook(count("logits"))]
-        drafter = engine_drafter(draft, t + 17, dev, attend)
-        same = 0
-        for p, want in zip(anchors, ref_tokens):
-            drafter.commit(aux[:, :p].to(torch.bfloat16), torch.zeros((), dtype=torch.long, device=dev), ids[0, 1:p + 1],
-                           p - 1)
-            got = int(drafter.propose(ids[0, p], torch.tensor(p, device=dev), window=t + 17)[0][0])
-            same += got == want
-        for hk in hooks:
-            hk.remove()
-        out[f"engine_{kind}_same_as_reference_round"] = same
-        out[f"engine_{kind}_nonfinite_h"], out[f"engine_{kind}_nonfinite_logits"] = bad["h"], bad["logits"]
+        got, out[f"engine_{kind}_nonfinite_h"], out[f"engine_{kind}_nonfinite_logits"] = engine_first_tokens(
+            draft, ids, aux, anchors, attend)
+        out[f"engine_{kind}_same_as_reference_round"] = sum(a == b for a, b in zip(got, ref_tokens))
     return out
 
 
