@@ -26,6 +26,7 @@ from torch import nn
 
 from splitserve.models.candidate_chain import candidate_chain, supports_candidates
 from splitserve.models.families import ArchRecord
+from splitserve.models.finite import finite_or_zero
 from splitserve.models.heads import ConfidenceHead, MarkovHead
 from splitserve.models.layers import DraftLayer, RMSNorm, Rotary
 from splitserve.models.vocab_map import VocabMap, lookup
@@ -314,6 +315,8 @@ class DSparkDraft(nn.Module):
 
             tokens = markov_greedy_chain(base, self.markov.w1.weight, self.markov.w2.weight, first)
             return self._finish(h, first, tokens, None)
+        if temperature > 0:  # a draw needs a finite distribution (finite.py says why)
+            base, h = finite_or_zero(base, h)
         tokens = anchor_id.new_empty(gamma)
         probs = [] if temperature > 0 else None
         prev = first.view(1)

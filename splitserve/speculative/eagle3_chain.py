@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from splitserve.models.eagle3 import Eagle3Cache
+from splitserve.models.finite import finite_or_zero
 
 
 class Eagle3Chain:
@@ -71,6 +72,7 @@ class Eagle3Chain:
         N ids, so the rejection rule stays lossless (those tokens come only from the residual)."""
         if temperature <= 0:
             return self.used.index_select(0, logits.argmax(-1, keepdim=True)), None
+        (logits,) = finite_or_zero(logits)  # a draw needs a finite distribution (models/finite.py)
         p = torch.softmax(logits.float() / temperature, dim=-1)  # (N,)
         i = torch.multinomial(p, 1, generator=generator)  # (1,)
         return self.used.index_select(0, i), p.new_zeros(self.vocab_size).index_copy_(0, self.used, p)
