@@ -8,6 +8,7 @@ import functools
 import os
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 try:
     import triton
@@ -64,10 +65,20 @@ def _major(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
+def traced(t: torch.Tensor) -> bool:
+    """Whether `t` is a tensor torch.compile is tracing (a fake or functional tensor), not data:
+    a launcher that sees one is being decomposed into the compiled graph, not run."""
+    return torch.compiler.is_compiling() or is_fake(t)
+
+
 def pdl_args(t: torch.Tensor, on: bool | None = None) -> dict:
     """A kernel's launch arguments for PDL on `t`'s device: the kernel's USE_PDL switch, and the
-    launch attribute where it is on. on: force it (benchmarks); None: `pdl_usable`."""
-    on = pdl_usable(t) if on is None else on
+    launch attribute where it is on. on: force it (benchmarks); None: `pdl_usable`, and never for
+    a launch torch.compile traces. The device side of PDL is inline assembly that torch's analysis
+    of a traced kernel cannot read, so it takes such a kernel to write every tensor it is passed
+    and the compiled graph copies them all around each launch: weights, caches and inputs
+    (tests/test_traced_kernels.py). The kernels of an eager or graph-captured forward keep PDL."""
+    on = (not traced(t) and pdl_usable(t)) if on is None else on
     return dict(USE_PDL=True, launch_pdl=True) if on else dict(USE_PDL=False)
 
 
