@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The public serving workload's shape on the real SmolLM2 target: random-token prompts, one request
-# at a time, greedy, EOS ignored, speculative against the engine's own AR (docs/results/public_shape_h200.md).
+# at a time, greedy, EOS ignored, speculative against the engine's own AR (docs/results/public_shape_h100.md).
 # SmolLM2's context is 8,192 tokens, so 7,000 input + 1,024 output stand in for 8,192 + 1,024.
 # On a GPU machine whose SmolLM2 parts were stashed by bench/device_smollm2.sh (and the chitchat
 # train.jsonl / heldout_prompts.jsonl in $DATA):
 #   bash bench/public_shape_gpu.sh train MINUTES     the quickstart recipe on the GPU (bench/gpu_train_smollm2.py)
 #   bash bench/public_shape_gpu.sh bench REQUESTS    splitserve bench --random 7000/1024, --baseline, compiled
+#   bash bench/public_shape_gpu.sh probe             the trained draft's τ by prompt kind and length (2 requests of
+#                                                    256 tokens each: random 900/3000/7000, 7000 without graphs or
+#                                                    with SDPA draft attention, and 6 chat prompts)
 # Work lives in $WORK (default /tmp/public_shape); results are copied to $OUT when it is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +18,7 @@ WORK=${WORK:-/tmp/public_shape}
 DATA=${DATA:-.whl/data}
 mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1
-case "${1:?train MINUTES | bench REQUESTS}" in
+case "${1:?train MINUTES | bench REQUESTS | probe}" in
 train)
     python3 bench/gpu_train_smollm2.py --train "$DATA/train.jsonl" --prompts "$DATA/heldout_prompts.jsonl" \
         --minutes "${2:?MINUTES}" --gamma "${GAMMA:-16}" --layers "${LAYERS:-4}" --out "$WORK/run" \
@@ -29,5 +32,18 @@ bench)
         > "$WORK/bench.log" 2>&1 || { tail -n 30 "$WORK/bench.log"; exit 1; }
     grep "^|" "$WORK/bench.log"
     if [ -n "${OUT:-}" ]; then cp "$WORK/bench.json" "$WORK/bench.md" "$WORK/train.log" "$OUT"/ 2>/dev/null || true; fi
+    ;;
+probe)
+    run() {  # NAME, then splitserve bench arguments
+        local name=$1; shift
+        echo "== $name"
+        python3 -m splitserve.cli bench --draft "$WORK/run" --device cuda --dtype bfloat16 --max-model-len 8192 \
+            --seed 0 --result-file "$WORK/b_$name.json" "$@" 2>&1 | grep -E "accept length|acceptance by|mean TPOT" || true
+    }
+    for len in 7000 900 3000; do run "${len}_kernel" --random --input-len $len --output-len 256 --num-requests 2; done
+    run 7000_sdpa --random --input-len 7000 --output-len 256 --num-requests 2 --draft-attention sdpa
+    run 7000_eager --random --input-len 7000 --output-len 128 --num-requests 2 --no-cuda-graphs
+    run chat --prompts "$DATA/heldout_prompts.jsonl" --output-len 128 --num-requests 6
+    if [ -n "${OUT:-}" ]; then cp "$WORK"/b_*.json "$OUT"/ 2>/dev/null || true; fi
     ;;
 esac
