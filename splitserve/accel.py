@@ -76,8 +76,9 @@ def pdl_args(t: torch.Tensor, on: bool | None = None) -> dict:
     launch attribute where it is on. on: force it (benchmarks); None: `pdl_usable`, and never for
     a launch torch.compile traces. The device side of PDL is inline assembly that torch's analysis
     of a traced kernel cannot read, so it takes such a kernel to write every tensor it is passed
-    and the compiled graph copies them all around each launch: weights, caches and inputs
-    (tests/test_traced_kernels.py). The kernels of an eager or graph-captured forward keep PDL."""
+    and the compiled graph marks them all for copying around the launch: weights, caches and
+    inputs (the likely cause of an FP8 draft's slowness; tests/test_traced_kernels.py). The
+    kernels of an eager or graph-captured forward keep PDL."""
     on = (not traced(t) and pdl_usable(t)) if on is None else on
     return dict(USE_PDL=True, launch_pdl=True) if on else dict(USE_PDL=False)
 
