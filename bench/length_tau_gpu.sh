@@ -3,12 +3,14 @@
 # "acceptance against length"; the page is docs/results/lengths_gpu.md). One target (the embedded
 # SmolLM2), one data set (chitchat's training conversations, joined in file order into rows of at
 # most L tokens by data.concat_to), the same target tokens per step (TOKENS_PER_STEP = L x batch)
-# and anchors per token (one per ANCHOR_EVERY tokens), the same steps: only the row length differs.
+# and anchors per token (one per ANCHOR_EVERY tokens), the same steps: only the row length differs,
+# or, for a run named LwW, the draft's sliding context window too (draft.context_window=W, trained
+# and served alike).
 # Then `splitserve eval --length-buckets` cuts prompts of each bucket from chitchat's held-out
 # conversations and measures τ by speculative decoding against the target.
 # On a GPU machine whose SmolLM2 parts were stashed by bench/device_smollm2.sh, with chitchat's
 # train.jsonl(.gz), heldout.jsonl and heldout_prompts.jsonl in $DATA:
-#   bash bench/length_tau_gpu.sh train STEPS         one draft per length in LENGTHS (default "2048 8192"), at once
+#   bash bench/length_tau_gpu.sh train STEPS         one draft per run in RUNS (default "2048 8192"), all at once
 #   bash bench/length_tau_gpu.sh eval PER_BUCKET     τ per bucket (≤1K, 1K–4K, 4K–8K) for each, greedy, float32;
 #                                                    the merged table and plot in $WORK/merged (and $OUT)
 # SmolLM2's context is 8,192 positions, so an 8K–32K bucket cannot be cut for it.
@@ -19,7 +21,7 @@ source bench/device_smollm2.sh env
 python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
 WORK=${WORK:-/tmp/lengths}
 DATA=${DATA:-.whl/data}
-LENGTHS=${LENGTHS:-"2048 8192"}
+RUNS=${RUNS:-"2048 8192"}  # row length L, or LwW: L with draft.context_window=W
 TOKENS_PER_STEP=${TOKENS_PER_STEP:-16384}
 ANCHOR_EVERY=${ANCHOR_EVERY:-32}
 export PYTHONUNBUFFERED=1
@@ -27,33 +29,39 @@ mkdir -p "$WORK"
 [ -f "$DATA/train.jsonl" ] || gunzip -k "$DATA/train.jsonl.gz"
 case "${1:?train STEPS | eval PER_BUCKET}" in
 train)
-    for len in $LENGTHS; do
-        python3 -m splitserve.cli train experiment=quickstart "run_dir=$WORK/L$len" \
+    for run in $RUNS; do
+        len=${run%%w*}
+        window=0
+        [ "$run" = "$len" ] || window=${run#*w}
+        python3 -m splitserve.cli train experiment=quickstart "run_dir=$WORK/L$run" "draft.context_window=$window" \
             target.device=cuda target.dtype=bfloat16 train.device=cuda train.precision=bf16 \
             "data.train_path=$DATA/train.jsonl" "data.heldout_prompts=$DATA/heldout_prompts.jsonl" \
             data.max_samples=null "data.max_length=$len" "data.concat_to=$len" \
             draft=dspark_b16 draft.num_layers=4 loss=prefix \
             "train.max_steps=${2:?STEPS}" train.max_minutes=null "train.batch_size=$((TOKENS_PER_STEP / len))" \
             "train.anchors_per_seq=$((len / ANCHOR_EVERY))" train.lr=1e-3 train.warmup_steps=50 \
-            train.log_every=50 train.save_every=100000 eval.enabled=false > "$WORK/train_L$len.log" 2>&1 &
+            train.log_every=50 train.save_every=100000 eval.enabled=false > "$WORK/train_L$run.log" 2>&1 &
     done
     rc=0
     wait || rc=$?
-    for len in $LENGTHS; do echo "== L$len"; grep -E "^\[train\] (data|done)" "$WORK/train_L$len.log" | tail -n 6 \
-        || tail -n 20 "$WORK/train_L$len.log"; done
+    for run in $RUNS; do echo "== L$run"; grep -E "^\[train\] (data|done)" "$WORK/train_L$run.log" | tail -n 6 \
+        || tail -n 20 "$WORK/train_L$run.log"; done
     exit $rc
     ;;
 eval)
     files=()
-    for len in $LENGTHS; do
-        python3 -m splitserve.cli eval --draft "$WORK/L$len" --prompts "$DATA/heldout.jsonl" --device cuda \
+    for run in $RUNS; do
+        python3 -m splitserve.cli eval --draft "$WORK/L$run" --prompts "$DATA/heldout.jsonl" --device cuda \
             --length-buckets 1024 4096 8192 --per-bucket "${2:?PER_BUCKET}" --max-new-tokens "${NEW_TOKENS:-64}" \
-            --out "$WORK/eval_L$len" > "$WORK/eval_L$len.log" 2>&1 || { tail -n 30 "$WORK/eval_L$len.log"; exit 1; }
-        grep "^|" "$WORK/eval_L$len.log"
-        files+=("$WORK/eval_L$len/lengths.json")
+            --out "$WORK/eval_L$run" > "$WORK/eval_L$run.log" 2>&1 || { tail -n 30 "$WORK/eval_L$run.log"; exit 1; }
+        grep "^|" "$WORK/eval_L$run.log"
+        files+=("$WORK/eval_L$run/lengths.json")
     done
     names=()
-    for len in $LENGTHS; do names+=("trained on ${len}-token rows"); done
+    for run in $RUNS; do
+        len=${run%%w*}
+        if [ "$run" = "$len" ]; then names+=("trained on ${len}-token rows"); else names+=("trained on ${len}-token rows, window ${run#*w}"); fi
+    done
     python3 bench/tau_by_length.py "${files[@]}" --names "${names[@]}" --out "$WORK/merged"
     if [ -n "${OUT:-}" ]; then
         cp "$WORK"/merged/lengths.{md,json,png} "$OUT"/
