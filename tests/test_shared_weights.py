@@ -90,3 +90,34 @@ def test_draft_ranks_read_a_hybrid_targets_two_tensors(arch, tmp_path, monkeypat
     embed, head = read_shared_weights(TargetConfig(name=arch, path=str(tmp_path), device="cpu", layer_ids=[0, 1, 2]))
     assert torch.equal(embed, model.get_input_embeddings().weight)
     assert torch.equal(head, model.get_output_embeddings().weight)
+
+
+def test_a_served_draft_shares_the_targets_embedding_and_head(tiny_smol_dir, tmp_path):
+    """load_models (serve, bench, eval) points the draft's frozen copies of the target's
+    embedding and lm_head at the target's own tensors, so they sit in memory once; the trained
+    weights stay the draft's own, a copy that differs from the target's is left alone, and
+    casting the draft afterwards leaves the target as it was."""
+    from tiny import export_tiny_draft
+
+    from splitserve.config import ModelsConfig
+    from splitserve.loading import load_models, share_target_weights
+
+    draft_dir = export_tiny_draft(tiny_smol_dir, tmp_path / "draft")
+    target, draft = load_models(ModelsConfig(draft=str(draft_dir), target=str(tiny_smol_dir), device="cpu",
+                                             dtype="float32"))
+    embed, head = target.embed_weight(), target.lm_head_weight()
+    assert draft.embed_tokens.weight.data_ptr() == embed.data_ptr()
+    assert draft.lm_head.weight.data_ptr() == head.data_ptr()
+    targets = {embed.data_ptr(), head.data_ptr()}
+    own = [n for n, p in draft.named_parameters() if p.requires_grad]
+    assert own and all(p.data_ptr() not in targets for p in draft.parameters() if p.requires_grad)
+    assert share_target_weights(draft, target) == 0  # already shared: nothing more to free
+
+    changed = draft.embed_tokens.weight.detach().clone()
+    changed[0, 0] += 1.0
+    draft.embed_tokens.weight = torch.nn.Parameter(changed, requires_grad=False)
+    share_target_weights(draft, target)
+    assert draft.embed_tokens.weight.data_ptr() == changed.data_ptr()  # not bit-equal to the target's: kept
+
+    draft.double()
+    assert embed.dtype == head.dtype == torch.float32 and draft.embed_tokens.weight.dtype == torch.float64
