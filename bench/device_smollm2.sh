@@ -9,6 +9,8 @@
 #           (the GGUF reader, two held-out prompt sets, and the config stack: a GPU image without
 #           omegaconf fails every `train` at its first config write; antlr4 is an sdist, built there)
 #           split -n 3 -d SmolLM2-135M-Instruct.Q4_1.gguf part_; mv part_00 .whl/p1/ ...
+#           .whl/ is ignored by git: each call that needs a part (or the wheels, or .whl/data) must
+#           bring that folder along with the checkout, one part per call.
 #   there:  bash bench/device_smollm2.sh stash 1      (one call per part, while the machine stays warm)
 #           source bench/device_smollm2.sh env       (assembles once, then sets PYTHONPATH)
 set -euo pipefail

@@ -13,6 +13,8 @@
 #   bash bench/length_tau_gpu.sh train STEPS         one draft per run in RUNS (default "2048 8192"), all at once
 #   bash bench/length_tau_gpu.sh eval PER_BUCKET     τ per bucket (≤1K, 1K–4K, 4K–8K) for each, greedy, float32;
 #                                                    the merged table and plot in $WORK/merged (and $OUT)
+#   bash bench/length_tau_gpu.sh all STEPS PER_BUCKET  train, then eval (one command for the call that
+#                                                    brings the last part)
 # SmolLM2's context is 8,192 positions, so an 8K–32K bucket cannot be cut for it.
 # Work lives in $WORK (default /tmp/lengths).
 set -euo pipefail
@@ -27,8 +29,13 @@ ANCHOR_EVERY=${ANCHOR_EVERY:-32}
 export PYTHONUNBUFFERED=1
 mkdir -p "$WORK"
 [ -f "$DATA/train.jsonl" ] || gunzip -k "$DATA/train.jsonl.gz"
-case "${1:?train STEPS | eval PER_BUCKET}" in
+if [ "${1:-}" = all ]; then
+    bash bench/length_tau_gpu.sh train "${2:?STEPS}"
+    exec bash bench/length_tau_gpu.sh eval "${3:?PER_BUCKET}"
+fi
+case "${1:?train STEPS | eval PER_BUCKET | all STEPS PER_BUCKET}" in
 train)
+    pids=()
     for run in $RUNS; do
         len=${run%%w*}
         window=0
@@ -41,9 +48,10 @@ train)
             "train.max_steps=${2:?STEPS}" train.max_minutes=null "train.batch_size=$((TOKENS_PER_STEP / len))" \
             "train.anchors_per_seq=$((len / ANCHOR_EVERY))" train.lr=1e-3 train.warmup_steps=50 \
             train.log_every=50 train.save_every=100000 eval.enabled=false > "$WORK/train_L$run.log" 2>&1 &
+        pids+=($!)
     done
-    rc=0
-    wait || rc=$?
+    rc=0  # a bare `wait` returns 0 whatever the runs did: wait for each
+    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
     for run in $RUNS; do echo "== L$run"; grep -E "^\[train\] (data|done)" "$WORK/train_L$run.log" | tail -n 6 \
         || tail -n 20 "$WORK/train_L$run.log"; done
     exit $rc
