@@ -241,7 +241,7 @@ def test_round_has_no_host_reads(monkeypatch):
     engine.generate([1, 2, 3], SamplingParams(max_tokens=4))  # state: a prefilled request
     reads = host_reads.assert_steps_sync_free(monkeypatch, host_reads.round_steps(engine, ar=False))
     stats = engine.generate([1, 2, 3], SamplingParams(max_tokens=20))
-    assert reads.count("tolist") == len(stats.accepts) and len(reads) == len(stats.accepts) + 1, reads
+    assert reads.count("tolist") == len(reads) == len(stats.accepts) + 1, reads  # the prefill's read, then one a round
 
 
 def _run_dir(path: Path, draft: Eagle3Draft, target_path: str) -> Path:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitserve.errors import UserError
 from splitserve.models.build import check_compatible
 from splitserve.models.dspark import DSparkDraft
 from splitserve.models.eagle3 import Eagle3Draft
@@ -65,6 +66,7 @@ class SpecDecoder:
         cache = self.target.new_cache()
         prompt = torch.tensor([prompt_ids], device=dev)
         logits, cap = self.target.forward_cached(prompt, cache, logits_from=prompt.shape[1] - 1)
+        check_logits(logits[0, -1], self.target.dtype)
         anchor = pick_token(logits[0, -1], temperature, generator)
         drafter = reference_drafter(self.draft)  # this request's draft state
         drafter.commit(cap.aux, 0, torch.cat([prompt[0, 1:], anchor.view(1)]), len(prompt_ids) - 1)
@@ -91,11 +93,40 @@ class SpecDecoder:
 
 def pick_token(logits: torch.Tensor, temperature: float, generator=None, top_k: int = 0,
                top_p: float = 1.0) -> torch.Tensor:
-    """logits: (V,) -> () argmax at T=0, else a sample from truncate(softmax(logits / T), top_k,
-    top_p): the same target distribution verification accepts against."""
+    """logits: (V,) -> () argmax at T=0, else a sample from q = truncate(softmax(logits / T),
+    top_k, top_p): the same target distribution verification accepts against. The draw is the
+    exponential race verification uses (argmax q / e, e ~ Exp(1), is distributed as q), not
+    torch.multinomial: on CUDA that raises a device-side assert on a NaN, which ends the whole
+    process, a server's other requests with it (`check_logits` names the usual cause)."""
     if temperature > 0:
-        return torch.multinomial(target_probs(logits, temperature, top_k, top_p), 1, generator=generator)[0]
+        q = target_probs(logits, temperature, top_k, top_p)  # (V,)
+        e = torch.empty_like(q).exponential_(generator=generator)  # (V,)
+        return (q / e).argmax()
     return logits.argmax(-1)
+
+
+class NonFiniteLogitsError(UserError):
+    """The target's own logits hold a NaN or +inf: its activations overflow the dtype it runs in."""
+
+
+def nonfinite(logits: torch.Tensor) -> torch.Tensor:
+    """logits (V,) of the target -> () bool on the device: a NaN, a +inf, or no finite value
+    at all (-inf alone is a masked token, which is fine)."""
+    return torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all()
+
+
+def nonfinite_error(dtype: torch.dtype) -> NonFiniteLogitsError:
+    return NonFiniteLogitsError(
+        f"the target's logits after the prompt are not finite (NaN or inf) with the target in {dtype}: "
+        "its activations overflow that dtype (float16 does for some model families); load it in "
+        "bfloat16 or float32 (--dtype)")
+
+
+def check_logits(logits: torch.Tensor, dtype: torch.dtype) -> None:
+    """logits (V,) of the target after a prompt -> None, or NonFiniteLogitsError in one line
+    (a host read; the engine folds the flag into its read of the first token instead)."""
+    if bool(nonfinite(logits)):
+        raise nonfinite_error(dtype)
 
 
 @torch.no_grad()

@@ -55,7 +55,7 @@ from splitserve.models.dspark import DSparkDraft
 from splitserve.models.eagle3 import Eagle3Draft
 from splitserve.speculative import verify_kernel as verify_kernels
 from splitserve.speculative import verify as verify_reference
-from splitserve.speculative.decode import pick_token
+from splitserve.speculative.decode import nonfinite, nonfinite_error, pick_token
 from splitserve.speculative.draft_weights import served_draft
 from splitserve.speculative.drafter import engine_drafter
 from splitserve.speculative.host_reads import HostReads
@@ -303,6 +303,7 @@ class Engine:
         pos = torch.arange(len(prompt_ids), device=self.device)  # (P,)
         self.cache.reset()  # recurrent states from zero (attention slots need nothing)
         logits, cap = self.target.forward_static(ids, self.cache, pos, logits_from=len(prompt_ids) - 1)
+        self._prompt_nonfinite = nonfinite(logits[0, -1]).long()  # (): read with the first token
         self.anchor.copy_(pick_token(logits[0, -1], temperature, self.generator, *trunc))
         if self.drafter is not None:  # the prompt's captures, each with the token after it
             self.drafter.commit(cap.aux, 0, torch.cat([ids[0, 1:], self.anchor.view(1)]), len(prompt_ids) - 1)
@@ -327,7 +328,10 @@ class Engine:
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         self._prefill(prompt_ids, temperature, trunc)
-        chunk = [int(self.anchor)]  # host read: the first token
+        first, bad = torch.stack([self.anchor, self._prompt_nonfinite]).tolist()  # host read: the first token
+        if bad:  # a target that overflows its dtype: one line, and the engine serves the next request
+            raise nonfinite_error(self.target.dtype)
+        chunk = [first]
         stats.ttft_s = time.perf_counter() - start
         if self._commit(stats, chunk, params, on_tokens, start):
             stats.total_s = time.perf_counter() - start
