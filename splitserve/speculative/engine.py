@@ -298,16 +298,19 @@ class Engine:
         self.anchor.zero_()
         self.cache.reset()
 
-    def _prefill(self, prompt_ids: list[int], temperature: float, trunc: tuple[int, float] = (0, 1.0)) -> None:
+    def _prefill(self, prompt_ids: list[int], temperature: float,
+                 trunc: tuple[int, float] = (0, 1.0)) -> torch.Tensor:
+        """The prompt through the target, the first token drawn -> () bool on the device: whether the
+        target's logits there were not finite (decode.nonfinite), for the caller's one host read."""
         ids = torch.tensor([prompt_ids], device=self.device)  # (1, P)
         pos = torch.arange(len(prompt_ids), device=self.device)  # (P,)
         self.cache.reset()  # recurrent states from zero (attention slots need nothing)
         logits, cap = self.target.forward_static(ids, self.cache, pos, logits_from=len(prompt_ids) - 1)
-        self._prompt_nonfinite = nonfinite(logits[0, -1]).long()  # (): read with the first token
         self.anchor.copy_(pick_token(logits[0, -1], temperature, self.generator, *trunc))
         if self.drafter is not None:  # the prompt's captures, each with the token after it
             self.drafter.commit(cap.aux, 0, torch.cat([ids[0, 1:], self.anchor.view(1)]), len(prompt_ids) - 1)
         self.seq_len.fill_(len(prompt_ids))
+        return nonfinite(logits[0, -1])
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], params: SamplingParams, on_tokens: OnTokens | None = None,
@@ -327,8 +330,8 @@ class Engine:
         self._prepare(mode, temperature, len(prompt_ids), len(prompt_ids) + params.max_tokens - 1, trunc)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
-        self._prefill(prompt_ids, temperature, trunc)
-        first, bad = torch.stack([self.anchor, self._prompt_nonfinite]).tolist()  # host read: the first token
+        bad_logits = self._prefill(prompt_ids, temperature, trunc)  # ()
+        first, bad = torch.stack([self.anchor, bad_logits.long()]).tolist()  # host read: the first token
         if bad:  # a target that overflows its dtype: one line, and the engine serves the next request
             raise nonfinite_error(self.target.dtype)
         chunk = [first]
