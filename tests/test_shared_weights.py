@@ -109,8 +109,8 @@ def test_a_served_draft_shares_the_targets_embedding_and_head(tiny_smol_dir, tmp
     assert draft.embed_tokens.weight.data_ptr() == embed.data_ptr()
     assert draft.lm_head.weight.data_ptr() == head.data_ptr()
     targets = {embed.data_ptr(), head.data_ptr()}
-    own = [n for n, p in draft.named_parameters() if p.requires_grad]
-    assert own and all(p.data_ptr() not in targets for p in draft.parameters() if p.requires_grad)
+    own = [p for p in draft.parameters() if p.requires_grad]  # the trained weights
+    assert own and all(p.data_ptr() not in targets for p in own)
     assert share_target_weights(draft, target) == 0  # already shared: nothing more to free
 
     changed = draft.embed_tokens.weight.detach().clone()
