@@ -16,6 +16,7 @@ from splitserve.errors import UserError
 from splitserve.speculative.decode import SpecDecoder, target_decode
 from splitserve.speculative.draft_weights import Fp8Linear, served_draft
 from splitserve.speculative.engine import Engine, SamplingParams
+from splitserve.target.native import linear_kernel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -27,9 +28,9 @@ def test_an_fp8_product_is_the_linear_of_its_dequantized_weight_within_fp8_round
     q = Fp8Linear(lin)
     assert q.w8.dtype == torch.float8_e4m3fn and q.scale.shape == (40,)
     x = torch.randn(2, 3, 48, generator=g)
-    assert_float32_close(q(x), F.linear(x, q.weight))
+    assert_float32_close(q(x), F.linear(x, q.dequantized()))
     # e4m3 keeps 3 mantissa bits: each weight within 2^-4 of itself, relative (absmax rows scaled to 448)
-    err = (q.weight - lin.weight).abs()
+    err = (q.dequantized() - lin.weight).abs()
     assert bool((err <= lin.weight.abs() * 2 ** -4 + 1e-6 * lin.weight.abs().amax(1, keepdim=True)).all())
     assert float(err.max()) > 0  # it is rounded
 
@@ -81,6 +82,24 @@ def test_greedy_output_is_the_targets_own_and_the_engine_drafts_as_the_loop(atte
         b = quantized.context_kv(ctx, torch.arange(10)[None])
     assert float((a[0][0] - b[0][0]).abs().max()) > 1e-4  # FP8 changed the draft's numbers
 
+
+
+def test_the_fp8_context_path_keeps_the_drafts_dtype(monkeypatch):
+    """A bf16 draft served in FP8 projects its context (fc, then each layer's k/v) on bf16 rows, as
+    the bf16 draft does. Reading `fc.weight.dtype` once dequantized the whole fc every round and
+    ran the context products in float32 (on an H100 at the 8B shape, ~1.2 ms more a round)."""
+    target = tiny_target(seed=3)
+    draft = tiny_draft(target, block_size=4, markov_rank=8, layers=2).eval().to(torch.bfloat16)
+    quantized = served_draft(draft, "fp8")
+    seen = []
+    real = linear_kernel.linear
+    monkeypatch.setattr(linear_kernel, "linear", lambda x, *a, **k: seen.append(x.dtype) or real(x, *a, **k))
+    aux = torch.randn(1, 5, draft.arch.aux_dim, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    with torch.no_grad():
+        kv = quantized.context_kv(aux, torch.arange(5)[None])
+    assert seen == [torch.bfloat16] * (1 + 2 * 2)  # fc, then k and v of each of two layers
+    assert all(k.dtype == v.dtype == torch.bfloat16 for k, v in kv)
+    assert not hasattr(quantized.fc, "weight")  # no attribute to read a dtype from by accident
 
 def test_sampling_matches_target_distribution():
     """T=1 with an FP8 draft: exact marginals of the two tokens after a fixed anchor vs engine

@@ -197,7 +197,9 @@ class DSparkDraft(nn.Module):
 
         H_ctx = RMSNorm(W_c [H^(l1); ...; H^(lm)]): context features are never input tokens.
         """
-        h_ctx = self.ctx_norm(self.fc(aux.to(self.fc.weight.dtype)))
+        # The draft's own dtype from ctx_norm, not fc: a served FP8 fc has no weight in that dtype,
+        # and a float32 aux would run its product and everything after it in float32.
+        h_ctx = self.ctx_norm(self.fc(aux.to(self.ctx_norm.weight.dtype)))
         cos, sin = self.rotary(positions)
         return [layer.self_attn.project_context(h_ctx, cos, sin) for layer in self.layers]
 

@@ -43,9 +43,10 @@ class Fp8Linear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
-    @property
-    def weight(self) -> torch.Tensor:
-        """The dequantized weight (N, K) float32: what the product computes with (for checks)."""
+    def dequantized(self) -> torch.Tensor:
+        """The dequantized weight (N, K) float32: what the product computes with (for checks). A
+        method, not a `weight` attribute: a caller reading `.weight.dtype` would pay a full-weight
+        dequantization every round, and the dtype it read (float32) would be the wrong one."""
         return self.w8.float() * self.scale[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
