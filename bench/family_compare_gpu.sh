@@ -60,14 +60,17 @@ gen)
     if [ -n "${OUT:-}" ]; then cp "$WORK/gen.log" "$OUT/"; fi
     ;;
 train)
+    pids=()
     for seed in $SEEDS; do
         # shellcheck disable=SC2086
         python3 bench/ablation_gpu.py train --data "$TRAIN" --prompts "$DATA/heldout_prompts.jsonl" \
             --target "$TARGET" --root "$WORK/seed$seed" --seed "$seed" --runs $RUNS --minutes "${2:?MINUTES}" --max-steps "${MAX_STEPS:-100000}" --num-layers 4 ${DRAFT_VOCAB:+--draft-vocab $DRAFT_VOCAB} ${LOSS_CHUNK_ROWS:+--loss-chunk-rows $LOSS_CHUNK_ROWS} \
             --save-every "${SAVE_EVERY:-100}" --capture-graphs --num-prompts "${PROMPTS:-30}" \
             --max-new-tokens "${NEW_TOKENS:-192}" > "$WORK/train_seed$seed.log" 2>&1 &
+        pids+=($!)
     done
-    wait
+    rc=0  # a bare `wait` returns 0 whatever the runs did: wait for each, report after the copies
+    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
     for seed in $SEEDS; do tail -n "$(echo $RUNS | wc -w)" "$WORK/train_seed$seed.log"; done
     if [ -n "${OUT:-}" ]; then
         for seed in $SEEDS; do
@@ -75,8 +78,10 @@ train)
             cp "$WORK/train_seed$seed.log" "$WORK/seed$seed/train_summary.json" "$OUT/seed$seed/"
         done
     fi
+    exit "$rc"
     ;;
 eval)
+    pids=()
     # The largest checkpoint step that every run of every seed reached: one token budget for all.
     step=$(python3 -c "
 import sys
@@ -88,8 +93,10 @@ print(max(set.intersection(*(set(checkpoint_dirs(d)) for d in runs))))" $(for s 
     for seed in $SEEDS; do
         python3 bench/ablation_gpu.py eval --root "$WORK/seed$seed" --step "$step" --engine --no-curve --no-exact \
             > "$WORK/eval_seed$seed.log" 2>&1 &
+        pids+=($!)
     done
-    wait
+    rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
     for seed in $SEEDS; do grep -E "^\| draft=|exit" "$WORK/eval_seed$seed.log" || tail -n 30 "$WORK/eval_seed$seed.log"; done
     if [ -n "${OUT:-}" ]; then
         for seed in $SEEDS; do
@@ -98,6 +105,7 @@ print(max(set.intersection(*(set(checkpoint_dirs(d)) for d in runs))))" $(for s 
             (cd "$WORK/seed$seed" && tar czf "$OUT/seed$seed/sweep.tar.gz" sweep)  # its checkpoints hold state.json only
         done
     fi
+    exit "$rc"
     ;;
 bench)
     seed=$(echo $SEEDS | cut -d' ' -f1)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Held-out τ against context length for drafts trained on rows of different lengths (issue 43,
-# "acceptance against length"; not run on a GPU yet, so no results page). One target (the embedded
+# "acceptance against length"). One target (the embedded
 # SmolLM2), one data set (chitchat's training conversations, joined in file order into rows of at
 # most L tokens by data.concat_to), the same target tokens per step (TOKENS_PER_STEP = L x batch)
 # and anchors per token (one per ANCHOR_EVERY tokens), the same steps: only the row length differs,
@@ -57,16 +57,22 @@ train)
     exit $rc
     ;;
 eval)
-    files=() names=()
-    for run in $RUNS; do
+    files=() names=() pids=()
+    for run in $RUNS; do  # all drafts at once: each evaluation alone leaves most of the GPU idle
         len=${run%%w*}
         if [ "$run" = "$len" ]; then names+=("trained on ${len}-token rows"); else names+=("trained on ${len}-token rows, window ${run#*w}"); fi
         python3 -m splitserve.cli eval --draft "$WORK/L$run" --prompts "$DATA/heldout.jsonl" --device cuda \
             --length-buckets 1024 4096 8192 --per-bucket "${2:?PER_BUCKET}" --max-new-tokens "${NEW_TOKENS:-64}" \
-            --out "$WORK/eval_L$run" > "$WORK/eval_L$run.log" 2>&1 || { tail -n 30 "$WORK/eval_L$run.log"; exit 1; }
-        grep "^|" "$WORK/eval_L$run.log"
+            --out "$WORK/eval_L$run" > "$WORK/eval_L$run.log" 2>&1 &
+        pids+=($!)
         files+=("$WORK/eval_L$run/lengths.json")
     done
+    rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+    for run in $RUNS; do
+        echo "== L$run"; grep "^|" "$WORK/eval_L$run.log" || tail -n 30 "$WORK/eval_L$run.log"
+    done
+    [ "$rc" = 0 ] || exit "$rc"
     python3 bench/tau_by_length.py "${files[@]}" --names "${names[@]}" --out "$WORK/merged"
     if [ -n "${OUT:-}" ]; then
         cp "$WORK"/merged/lengths.{md,json,png} "$OUT"/

@@ -152,24 +152,32 @@ gen_greedy)
     ;;
 train)
     minutes=${2:?MINUTES}; shift 2
+    pids=()
     for seed in "$@"; do
         python3 bench/ablation_gpu.py train --data "$WORK/${DATA:-train_sampled.jsonl}" --prompts "$WORK/heldout_regen.jsonl" \
             --root "$WORK/seed$seed${TAG:-}" --minutes "$minutes" --seed "$seed" --runs $RUNS --num-layers 4 --anchors "${ANCHORS:-64}" --loss-chunk-rows "${LOSS_CHUNK_ROWS:-0}" \
             --prompt-sets humaneval mtbench --no-regenerate-history --max-new-tokens 256 --num-prompts "${NUM_PROMPTS:-40}" \
             --save-every 100 > "$WORK/train_seed$seed${TAG:-}.log" 2>&1 &
+        pids+=($!)
     done
-    wait
+    rc=0  # a bare `wait` returns 0 whatever the runs did: wait for each
+    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
     tail -n 20 "$WORK"/train_seed*.log
+    exit "$rc"
     ;;
 eval)
     shift
+    pids=()
     # EVAL_SECONDS bounds the evaluation so that the tarball is still written: a run that finished
     # has its eval.json, and `splitserve report` can be rerun on the unpacked sweep anywhere.
     for seed in "$@"; do
         timeout "${EVAL_SECONDS:-100000}" python3 bench/ablation_gpu.py eval --root "$WORK/seed$seed${TAG:-}" --engine \
             --no-exact $([ -n "${CURVE:-}" ] || echo --no-curve) ${STEP:+--step "$STEP"} > "$WORK/eval_seed$seed${TAG:-}.log" 2>&1 &
+        pids+=($!)
     done
-    wait || true
+    rc=0  # an evaluation stopped by EVAL_SECONDS (124) or failed: said here, and the tarball is still written
+    for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
+    [ "$rc" = 0 ] || echo "an evaluation exited with $rc (124: stopped by EVAL_SECONDS)"
     for seed in "$@"; do tail -n 60 "$WORK/eval_seed$seed${TAG:-}.log"; done
     if [ -n "${OUT:-}" ]; then
         (cd "$WORK" && tar czf "$OUT/recipe_sweeps.tar.gz" --exclude='checkpoints' --exclude='*.pt' \
