@@ -24,7 +24,7 @@ from splitserve.models.build import check_compatible
 from splitserve.models.dspark import DSparkDraft
 from splitserve.models.eagle3 import Eagle3Draft
 from splitserve.speculative.drafter import reference_drafter
-from splitserve.speculative.verify import target_probs, verify_block
+from splitserve.speculative.verify import race_draw, target_probs, verify_block
 from splitserve.target.backend import DecodingTarget, require_decoding
 
 
@@ -100,8 +100,7 @@ def pick_token(logits: torch.Tensor, temperature: float, generator=None, top_k: 
     process, a server's other requests with it (`check_logits` names the usual cause)."""
     if temperature > 0:
         q = target_probs(logits, temperature, top_k, top_p)  # (V,)
-        e = torch.empty_like(q).exponential_(generator=generator)  # (V,)
-        return (q / e).argmax()
+        return race_draw(q, generator)
     return logits.argmax(-1)
 
 

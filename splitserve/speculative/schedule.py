@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from splitserve.speculative.verify import at, target_probs
+from splitserve.speculative.verify import at, race_draw, target_probs
 
 SCHEDULES = ("static", "confidence")
 
@@ -77,8 +77,7 @@ def truncate_verify(
     row = at(target_logits, limit)  # (V,): logits of q_L
     if temperature > 0:
         q = target_probs(row, temperature, top_k, top_p)  # the same truncated q as verify_block
-        e = torch.empty(q.shape[-1], device=q.device).exponential_(generator=generator)
-        at_stop = (q / e).argmax()
+        at_stop = race_draw(q, generator)
     else:
         at_stop = row.argmax()
     past = n >= limit  # () bool: the window closed at L with everything in it accepted

@@ -57,6 +57,18 @@ def target_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p
     return truncate_probs(torch.softmax(logits.float() / temperature, dim=-1), top_k, top_p)
 
 
+def race_noise(n: int, device: torch.device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(n,) float32 ~ Exp(1): the noise of an exponential race over n tokens (`race_draw`)."""
+    return torch.empty(n, device=device).exponential_(generator=generator)
+
+
+def race_draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """probs (V,) float32, unnormalised allowed -> () a token drawn from probs / sum(probs):
+    argmax probs / e with e ~ Exp(1). One draw of V numbers, whatever probs holds, so a CUDA graph
+    replays the same sequence of draws; unlike torch.multinomial, no device-side assert on a NaN."""
+    return (probs / race_noise(probs.shape[-1], probs.device, generator)).argmax()
+
+
 def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """draft_tokens: (γ,), target_logits: (γ+1, V) -> (n_accepted (), bonus ()).
 
@@ -124,6 +136,5 @@ def verify_block(
     if temperature > 0:
         q = target_probs(target_logits, temperature, top_k, top_p)
         u = torch.rand(draft_tokens.shape[0], device=q.device, generator=generator)
-        e = torch.empty(q.shape[-1], device=q.device).exponential_(generator=generator)
-        return sampling(draft_tokens, draft_probs, q, u, e)
+        return sampling(draft_tokens, draft_probs, q, u, race_noise(q.shape[-1], q.device, generator))
     return greedy(draft_tokens, target_logits)
