@@ -63,9 +63,11 @@ def _meta(draft: str | Path | DraftMeta) -> DraftMeta:
 
 
 def load_draft(draft: str | Path | DraftMeta, target: TargetWeights,
-               checkpoint: str | Path | None = None) -> torch.nn.Module:
+               checkpoint: str | Path | None = None, share: bool = False) -> torch.nn.Module:
     """`draft`: its directory, or its DraftMeta when already read. `checkpoint`: a run's
-    checkpoint directory to load instead of its latest. -> the family's model (DSparkDraft, ...)."""
+    checkpoint directory to load instead of its latest. `share`: the frozen copies of the
+    target's tensors become the target's own (share_target_weights) before the draft moves to the
+    target's device, so they are never copied there. -> the family's model (DSparkDraft, ...)."""
     meta = _meta(draft)
     path = meta.path
     check_compatible(meta.arch, target.info, where=f"draft {path}")
@@ -86,11 +88,13 @@ def load_draft(draft: str | Path | DraftMeta, target: TargetWeights,
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise CheckpointError(f"{file} does not fit its config: missing={missing[:5]} unexpected={unexpected[:5]}")
+    if share:
+        share_target_weights(model, target, before_move=True)
     return model.to(device=target.device, dtype=target.dtype).eval()
 
 
 @torch.no_grad()
-def share_target_weights(draft: torch.nn.Module, target: TargetWeights) -> int:
+def share_target_weights(draft: torch.nn.Module, target: TargetWeights, before_move: bool = False) -> int:
     """Point the draft's frozen copies of the target's embedding and lm_head (every family keeps
     some: DSpark's embed_tokens and lm_head or target_lm_head, EAGLE-3's and MTP's
     target_lm_head) at the target's own tensors, as a serving engine shares them: at the 8B shape
@@ -98,7 +102,11 @@ def share_target_weights(draft: torch.nn.Module, target: TargetWeights) -> int:
     dtype, device and values) is shared, so nothing the draft computes changes. Each shared
     parameter is a new Parameter over the target's storage: `.to()` on the draft then replaces
     the draft's, never the target's. Not for a draft that is saved afterwards (safetensors
-    refuses tensors that share memory) or trained. -> bytes freed."""
+    refuses tensors that share memory) or trained.
+    `before_move`: the draft is about to be cast to the target's dtype and moved to its device
+    (load_draft), so a copy on another device or in another dtype is compared as it will be,
+    cast to the target's dtype, on its own device (the target's tensor copied there for the
+    check): the device never holds the draft's copy. -> bytes freed (on the target's device)."""
     sources = {id(w): w for w in (target.embed_weight(), target.lm_head_weight())}.values()
     freed = 0
     for module in draft.modules():
@@ -106,10 +114,15 @@ def share_target_weights(draft: torch.nn.Module, target: TargetWeights) -> int:
             if param is None or param.requires_grad:
                 continue
             for w in sources:
-                if (param.data_ptr() != w.data_ptr() and param.shape == w.shape and param.dtype == w.dtype
-                        and param.device == w.device and torch.equal(param, w)):
+                if param.data_ptr() == w.data_ptr() or param.shape != w.shape:
+                    continue
+                if before_move:
+                    same = torch.equal(param.to(w.dtype), w.to(param.device))
+                else:
+                    same = param.dtype == w.dtype and param.device == w.device and torch.equal(param, w)
+                if same:
                     setattr(module, name, torch.nn.Parameter(w.detach(), requires_grad=False))
-                    freed += param.numel() * param.element_size()
+                    freed += w.numel() * w.element_size()
                     break
     return freed
 
@@ -177,9 +190,7 @@ def load_models(models: ModelsConfig, meta: DraftMeta | None = None, shared_weig
     else:
         check_compatible(meta.arch, hf.peek_target_info(tcfg), where=f"draft {meta.path}")
         target = hf.load_hf_target(tcfg)
-    draft = load_draft(meta, target)
-    if not shared_weights_only:
-        share_target_weights(draft, target)
+    draft = load_draft(meta, target, share=not shared_weights_only)
     # STS temperatures of the primary calibration fit (calibration.json of the run or export), for
     # confidence-scheduled verification; None: the engine uses the raw c_k.
     draft.confidence_temperatures = temperatures_for(load_calibration(meta.path))

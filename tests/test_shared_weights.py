@@ -121,3 +121,31 @@ def test_a_served_draft_shares_the_targets_embedding_and_head(tiny_smol_dir, tmp
 
     draft.double()
     assert embed.dtype == head.dtype == torch.float32 and draft.embed_tokens.weight.dtype == torch.float64
+
+
+def test_the_draft_shares_before_it_moves_so_the_device_never_holds_its_copy(tiny_smol_dir, tmp_path, monkeypatch):
+    """load_models shares the frozen copies while the draft is still as loaded (float32 on the
+    host), before its cast and move to the target's device and dtype: at the 8B shape the move
+    would otherwise put two 1.2 GB copies on the GPU for a moment. A float32 copy equal to the
+    bf16 target's tensor once cast is shared, and the cast then leaves it as it is."""
+    from tiny import export_tiny_draft
+
+    import splitserve.loading as loading
+    from splitserve.config import ModelsConfig
+
+    draft_dir = export_tiny_draft(tiny_smol_dir, tmp_path / "draft")
+    seen = []
+    real = loading.share_target_weights
+
+    def record(draft, target, before_move=False):
+        seen.append((draft.embed_tokens.weight.dtype, before_move))
+        return real(draft, target, before_move)
+
+    monkeypatch.setattr(loading, "share_target_weights", record)
+    target, draft = loading.load_models(ModelsConfig(draft=str(draft_dir), target=str(tiny_smol_dir), device="cpu",
+                                                     dtype="bfloat16"))
+    assert seen == [(torch.float32, True)]  # once, on the draft as loaded
+    assert draft.embed_tokens.weight.dtype == torch.bfloat16
+    assert draft.embed_tokens.weight.data_ptr() == target.embed_weight().data_ptr()
+    assert draft.lm_head.weight.data_ptr() == target.lm_head_weight().data_ptr()
+    assert all(p.dtype == torch.bfloat16 for p in draft.parameters())
