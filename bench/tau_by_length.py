@@ -16,6 +16,7 @@ their lengths.json files:
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from splitserve.evaluation import length_buckets as lb
 from splitserve.evaluation.evaluate import EvalReport
@@ -25,7 +26,7 @@ def from_table(path: str) -> dict[str, list[lb.BucketResult]]:
     """Rows of `lb.format_table` ("| draft | bucket | prompts | mean prompt tokens | τ | rounds |
     exact |") back into results; per-position acceptance and token counts are not in the table."""
     named: dict[str, list[lb.BucketResult]] = {}
-    for line in open(path, encoding="utf-8"):
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) != 7 or cells[0] in ("draft", "") or set(cells[0]) <= set("-"):
             continue

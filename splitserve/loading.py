@@ -108,6 +108,13 @@ def share_target_weights(draft: torch.nn.Module, target: TargetWeights, before_m
     cast to the target's dtype, on its own device (the target's tensor copied there for the
     check): the device never holds the draft's copy. -> bytes freed (on the target's device)."""
     sources = {id(w): w for w in (target.embed_weight(), target.lm_head_weight())}.values()
+    on_host: dict[tuple[int, torch.device], torch.Tensor] = {}  # before_move: each source copied once
+
+    def there(w: torch.Tensor, device: torch.device) -> torch.Tensor:
+        if (id(w), device) not in on_host:
+            on_host[id(w), device] = w.to(device)
+        return on_host[id(w), device]
+
     freed = 0
     for module in draft.modules():
         for name, param in list(module._parameters.items()):
@@ -117,7 +124,7 @@ def share_target_weights(draft: torch.nn.Module, target: TargetWeights, before_m
                 if param.data_ptr() == w.data_ptr() or param.shape != w.shape:
                     continue
                 if before_move:
-                    same = torch.equal(param.to(w.dtype), w.to(param.device))
+                    same = torch.equal(param.to(w.dtype), there(w, param.device))
                 else:
                     same = param.dtype == w.dtype and param.device == w.device and torch.equal(param, w)
                 if same:

@@ -83,7 +83,6 @@ def test_greedy_output_is_the_targets_own_and_the_engine_drafts_as_the_loop(atte
     assert float((a[0][0] - b[0][0]).abs().max()) > 1e-4  # FP8 changed the draft's numbers
 
 
-
 def test_the_fp8_context_path_keeps_the_drafts_dtype(monkeypatch):
     """A bf16 draft served in FP8 projects its context (fc, then each layer's k/v) on bf16 rows, as
     the bf16 draft does. Reading `fc.weight.dtype` once dequantized the whole fc every round and
@@ -100,6 +99,7 @@ def test_the_fp8_context_path_keeps_the_drafts_dtype(monkeypatch):
     assert seen == [torch.bfloat16] * (1 + 2 * 2)  # fc, then k and v of each of two layers
     assert all(k.dtype == v.dtype == torch.bfloat16 for k, v in kv)
     assert not hasattr(quantized.fc, "weight")  # no attribute to read a dtype from by accident
+
 
 def test_sampling_matches_target_distribution():
     """T=1 with an FP8 draft: exact marginals of the two tokens after a fixed anchor vs engine
