@@ -20,7 +20,8 @@ block's attention through the split-KV kernel and through SDPA), counting non-fi
 and logits. Training and serving must agree nearly always. Then τ of
 the prompt served three ways: the reference loop (speculative/decode.py), and the engine with the
 draft's context attention through the split-KV kernel and through SDPA (EngineConfig.draft_attention),
-and the kernel once more with cuDNN excluded from the target's attention; each greedy and at T=1.
+the kernel once more with cuDNN excluded from the target's attention, and once more eagerly (no CUDA
+graphs, each round read before the next is queued); each greedy and at T=1.
 Glossary: T tokens, m·D captured width, γ block size.
 """
 
@@ -141,7 +142,11 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-cudnn-attention", action="store_true",
+                    help="keep cuDNN's fused attention out of every SDPA call of the process")
     args = ap.parse_args()
+    if args.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
     dev = torch.device(args.device)
     target = load_target(TargetConfig(path=args.target, dtype=args.dtype), dev)
@@ -189,10 +194,13 @@ def main() -> None:
             with varlen_sdpa():
                 loop = SpecDecoder(target, draft).generate(prompt_ids, args.served_tokens)
             row["tau_loop"] = tau(loop.accepts)
-            for kind, backends in (("kernel", nullcontext), ("sdpa", nullcontext), ("kernel_without_cudnn", varlen_sdpa)):
+            for kind, backends, eager in (("kernel", nullcontext, False), ("sdpa", nullcontext, False),
+                                          ("kernel_without_cudnn", varlen_sdpa, False), ("kernel_eager", nullcontext, True)):
                 with backends():  # CUDA graphs keep the attention backend chosen at capture
+                    # kernel_eager: no CUDA graphs and no queued next round (each round read before the next)
+                    graphs = {"use_cuda_graphs": False, "overlap_steps": False} if eager else {}
                     engine = Engine(target, draft, EngineConfig(max_context=len(prompt_ids) + args.served_tokens + 8,
-                                                                draft_attention=kind.split("_")[0]))
+                                                                draft_attention=kind.split("_")[0], **graphs))
                     stats = engine.generate(prompt_ids, SamplingParams(max_tokens=args.served_tokens))
                 row[f"tau_engine_{kind}"] = tau(stats.accepts)
                 row[f"engine_{kind}_equals_loop"] = stats.tokens == loop.tokens

@@ -5,7 +5,9 @@
 # On a GPU machine whose SmolLM2 parts were stashed by bench/device_smollm2.sh (and the chitchat
 # train.jsonl / heldout_prompts.jsonl in $DATA):
 #   bash bench/public_shape_gpu.sh train MINUTES     the quickstart recipe on the GPU (bench/gpu_train_smollm2.py)
-#   bash bench/public_shape_gpu.sh bench REQUESTS    splitserve bench --random 7000/1024, --baseline, compiled
+#   bash bench/public_shape_gpu.sh bench REQUESTS    splitserve bench --random 7000/1024, --baseline, compiled;
+#                                                    RANDOM_SOURCE (default uniform): --random-source, e.g. a prompt
+#                                                    file whose user turns are repeated to the length (sglang's random)
 #   bash bench/public_shape_gpu.sh probe             the trained draft's τ by prompt kind and length (2 requests of
 #                                                    256 tokens each: random 900/3000/7000, 7000 without graphs or
 #                                                    with SDPA draft attention, and 6 chat prompts)
@@ -27,7 +29,7 @@ train)
     ;;
 bench)
     python3 -m splitserve.cli bench --draft "$WORK/run" --device cuda --dtype bfloat16 --compile \
-        --random --input-len "${INPUT_LEN:-7000}" --output-len "${OUTPUT_LEN:-1024}" --num-requests "${2:?REQUESTS}" \
+        --random --random-source "${RANDOM_SOURCE:-uniform}" --input-len "${INPUT_LEN:-7000}" --output-len "${OUTPUT_LEN:-1024}" --num-requests "${2:?REQUESTS}" \
         --max-concurrency 1 --max-model-len 8192 --baseline --seed 0 --result-file "$WORK/bench.json" \
         > "$WORK/bench.log" 2>&1 || { tail -n 30 "$WORK/bench.log"; exit 1; }
     grep "^|" "$WORK/bench.log"

@@ -7,6 +7,8 @@ from tiny import random_samples, tiny_target
 
 from splitserve.stream.sources import TargetSource
 from splitserve.target.bucketed import BucketedCapture
+from splitserve.target.graphs import StepGraphs
+from splitserve.target.native.target import native_target
 
 
 def test_bucket_sizes():
@@ -55,6 +57,58 @@ def test_graph_replay_equals_eager_capture_on_gpu():
         many = [torch.randint(target.info.vocab_size, (n,)) for n in (7, 50, 64, 100, 30)]
         for a, b in zip(graphed.capture_many(many), eager.capture_many(many)):
             torch.testing.assert_close(a.aux, b.aux)
+
+
+class _Graph:
+    """Stands in for a captured CUDA graph: counts its replays."""
+
+    def __init__(self):
+        self.replays = 0
+
+    def replay(self):
+        self.replays += 1
+
+
+def test_graphs_captured_before_the_weights_moved_are_dropped():
+    """A graph holds the addresses of the weights it read. Once the target's weights move to new
+    storage (weights_version bumped), a graph captured before is forgotten and the step runs
+    instead, so no replay reads freed memory; the next prepare captures it again."""
+    target = tiny_target()
+    graphs = StepGraphs(False, torch.device("cpu"), source=target)
+    graphs._graphs["step"] = graph = _Graph()  # as if captured at the current version
+    calls = []
+    graphs.run("step", lambda: calls.append("eager"))
+    assert graph.replays == 1 and calls == []
+    native_target(target, decoder="native")  # packs q|k|v and gate|up into new storage
+    assert target.weights_version == 1
+    assert "step" not in graphs
+    graphs._graphs["other"] = later = _Graph()  # captured after the move: kept
+    graphs.run("step", lambda: calls.append("eager"))
+    graphs.run("other", lambda: calls.append("eager"))
+    assert graph.replays == 1 and calls == ["eager"] and later.replays == 1
+    native_target(target, decoder="native")  # packed once per target: nothing moves again
+    assert target.weights_version == 1 and "other" in graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bucketed_captures_after_the_native_decoder_packs_the_weights():
+    """Training's bucketed graphs, captured before an engine's native decoder re-points the
+    target's modules at packed weights, would replay over the freed storage (an illegal memory
+    access, or silently wrong hidden states once that memory is reused): they are captured again."""
+    target = tiny_target()
+    target.model.cuda()
+    graphed = BucketedCapture(target, max_len=128)
+    ids = torch.randint(target.info.vocab_size, (50,))
+    before = graphed(ids)
+    native_target(target, decoder="native")
+    torch.cuda.empty_cache()  # the old q|k|v and gate|up storage goes back to the driver
+    junk = torch.full((1 << 20,), float("nan"), device="cuda")  # whatever reuses that memory
+    after = graphed(ids)
+    assert graphed.graphs.enabled and 64 in graphed.graphs
+    torch.testing.assert_close(after.aux, before.aux)
+    torch.testing.assert_close(after.final, before.final)
+    del junk
 
 
 def test_capture_graphs_default_is_on_for_cuda_only():

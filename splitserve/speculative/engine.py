@@ -162,7 +162,8 @@ class Engine:
         # one graph per (mode, temperature, window), room for a few temperatures per mode, and
         # on recurrent targets one commit graph per accepted-prefix length 1..γ+1
         self.graphs = StepGraphs(cfg.use_cuda_graphs, dev, self.generator,
-                                 max_graphs=8 * len(self.windows) + (self.gamma + 1) * self._recurrent)
+                                 max_graphs=8 * len(self.windows) + (self.gamma + 1) * self._recurrent,
+                                 source=target)
         if cfg.markov_topk < 0:
             raise ValueError(f"markov_topk must be >= 0 (0: the exact Markov stage), got {cfg.markov_topk}")
         if cfg.verify_kernel not in ("auto", "torch"):

@@ -54,7 +54,7 @@ class BucketedCapture:
         self.min_bucket = min_bucket
         self.max_bucket = max(min_bucket, 1 << (max(max_len, 1) - 1).bit_length())
         self.group_tokens = group_tokens
-        self.graphs = StepGraphs(use_graphs, target.device, max_graphs=32)
+        self.graphs = StepGraphs(use_graphs, target.device, max_graphs=32, source=target)
         self._ids: dict[int, torch.Tensor] = {}  # bucket -> (rows, L) input buffer
         self._out: dict[int, Capture] = {}  # bucket -> the last capture of that bucket
 

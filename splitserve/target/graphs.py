@@ -6,6 +6,11 @@ graph is the same as calling it. Keys separate steps whose Python control flow d
 greedy vs sampling, temperature); graphs share one memory pool since they never run at once.
 Past `max_graphs` keys (many distinct temperatures), new keys simply run eagerly.
 
+A graph holds the addresses of every tensor its step read, weights included. `source` is the
+object whose `weights_version` says when those weights moved to new storage (an HF target whose
+modules the native decoder re-pointed at packed weights): graphs captured before that would read
+freed memory, so they are dropped and captured again on next use.
+
 Off CUDA, or with use_cuda_graphs off, `run` just calls the step: the CPU path and the GPU path
 execute the same code. A step that cannot be captured (a target whose forward copies a host tensor
 or synchronises, as transformers' MoE routing does) turns graphs off for the rest of the run, with
@@ -23,21 +28,35 @@ Step = Callable[[], None]
 
 class StepGraphs:
     def __init__(self, enabled: bool, device: torch.device, generator: torch.Generator | None = None,
-                 warmup_iters: int = 2, max_graphs: int = 8):
+                 warmup_iters: int = 2, max_graphs: int = 8, source: object = None):
         self.enabled = bool(enabled) and device.type == "cuda"
         self.max_graphs = max_graphs
         self.generator = generator
         self.warmup_iters = warmup_iters
+        self.source = source
+        self._version = self._source_version()
         self._graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
         self._pool = None
         self.failed: str | None = None  # why capture was given up, if it was
 
+    def _source_version(self) -> int:
+        return getattr(self.source, "weights_version", 0)
+
+    def _drop_stale(self) -> None:
+        """Forget every graph captured over weights that have since moved (see the module doc)."""
+        if self._graphs and self._source_version() != self._version:
+            self._graphs.clear()
+            self._pool = None
+        self._version = self._source_version()
+
     def __contains__(self, key: Hashable) -> bool:
+        self._drop_stale()
         return key in self._graphs
 
     def prepare(self, key: Hashable, step: Step) -> None:
         """Capture `step` under `key` if it is not captured yet. Warm-up runs execute the step
         for real, so call this only where the engine state may be clobbered (before a prefill)."""
+        self._drop_stale()
         if not self.enabled or key in self._graphs or len(self._graphs) >= self.max_graphs:
             return
         side = torch.cuda.Stream()
@@ -62,6 +81,7 @@ class StepGraphs:
         self._graphs[key] = graph
 
     def run(self, key: Hashable, step: Step) -> None:
+        self._drop_stale()
         graph = self._graphs.get(key)
         if graph is None:
             step()

@@ -66,6 +66,9 @@ class HFTarget:
         params = inspect.signature(self.decoder.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._captured: dict[int, torch.Tensor] = {}
+        # Bumped whenever the modules' weights move to new storage (the native decoder's packing,
+        # target/native/target.py): a CUDA graph captured before then reads freed memory.
+        self.weights_version = 0
         layers = decoder_layers(self.decoder, info.num_layers, info.name)
         for layer_id in info.layer_ids:
             layers[layer_id].register_forward_hook(self._hook(layer_id))

@@ -132,6 +132,7 @@ def _packed(hf: HFTarget) -> list[Layer]:
     are built on it (packing re-points the modules, so a second packing would be a second copy)."""
     if hf not in _PACKED:
         _PACKED[hf] = pack_layers(decoder_layers(hf.decoder, hf.info.num_layers, hf.info.name), hf.layout.windows)
+        hf.weights_version += 1  # graphs captured over the old storage are stale (target/graphs.py)
     return _PACKED[hf]
 
 
