@@ -1,6 +1,6 @@
 """A target whose own logits are not finite (its activations overflow the dtype it runs in, as
-float16 does for some model families) is named in one line at the prompt, and the engine serves
-the next request; a T>0 draw from a NaN distribution picks an index instead of raising (on CUDA
+float16 does for some model families) is named in one line, at the prompt or at the step where it
+happens, and the engine serves the next request; a T>0 draw from a NaN distribution picks an index instead of raising (on CUDA
 torch.multinomial's raise is a device-side assert that ends the process). pick_token's draw, the
 exponential race, follows the target's distribution."""
 
@@ -68,3 +68,44 @@ def test_a_target_with_nan_logits_is_named_and_the_engine_serves_on(temperature)
         target.model.lm_head.weight[0, 0] = float("nan")  # every logit NaN, in the reference loop too
     with pytest.raises(NonFiniteLogitsError):
         SpecDecoder(target, draft).generate([1, 2, 3], 8, temperature, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("mode", ["spec", "ar"])
+def test_a_target_that_overflows_mid_request_is_named_and_the_engine_serves_on(mode):
+    """Logits that turn non-finite after the prompt (a long reply drifting into float16's
+    overflow) end that request in one line naming where, instead of committing the argmax of a
+    NaN; the next request is served exactly. The reference loop says the same."""
+    target = tiny_target(seed=5, vocab=16, layers=3, layer_ids=(0, 1))
+    draft = tiny_draft(target, block_size=3, markov_rank=4)
+    engine = Engine(target, draft, EngineConfig(max_context=64, seed=0))
+    real = engine.target.forward_static
+    calls = []
+
+    def overflowing_later(*args, **kwargs):
+        logits, cap = real(*args, **kwargs)
+        calls.append(1)
+        if len(calls) > 3:  # the prefill and two steps are fine
+            logits = logits.clone()
+            logits[..., 0, 2] = float("nan")
+        return logits, cap
+
+    engine.target.forward_static = overflowing_later
+    with pytest.raises(NonFiniteLogitsError, match="after [1-9][0-9]* generated tokens") as err:
+        engine.generate([1, 2, 3], SamplingParams(max_tokens=30), mode=mode)
+    assert "\n" not in str(err.value)
+    engine.target.forward_static = real
+    want = target_decode(target, [4, 5], 12)
+    assert engine.generate([4, 5], SamplingParams(max_tokens=12), mode=mode).tokens == want
+
+    decoder = SpecDecoder(target, draft)
+    real_cached = target.forward_cached
+    calls.clear()
+
+    def cached_later(*args, **kwargs):
+        logits, cap = real_cached(*args, **kwargs)
+        calls.append(1)
+        return (logits.clone().fill_(float("nan")) if len(calls) > 2 else logits), cap
+
+    target.forward_cached = cached_later
+    with pytest.raises(NonFiniteLogitsError, match="generated tokens"):
+        decoder.generate([1, 2, 3], 30, 0.0)

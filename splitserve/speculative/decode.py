@@ -82,7 +82,9 @@ class SpecDecoder:
             verify_in = torch.cat([anchor.view(1), d_tok])[None]  # (1, γ+1)
             logits, cap = self.target.forward_cached(verify_in, cache)
             n, bonus = verify_block(d_tok, d_prob, logits[0], temperature, generator)
-            n_acc = int(n)  # the one host read per round: how many tokens to commit
+            n_acc, bad = torch.stack([n, nonfinite_rows(logits[0]).long()]).tolist()  # the one host read per round
+            if bad:
+                raise nonfinite_error(self.target.dtype, f"after {len(out)} generated tokens")
             self.target.crop_cache(cache, p + n_acc + 1)
             committed = torch.cat([d_tok[:n_acc], bonus.view(1)])  # (n+1,): x_{p+1} .. x_{p+n+1}
             drafter.commit(cap.aux[:, : n_acc + 1], p, committed, n_acc)
@@ -114,9 +116,16 @@ def nonfinite(logits: torch.Tensor) -> torch.Tensor:
     return torch.isnan(logits).any() | torch.isposinf(logits).any() | torch.isneginf(logits).all()
 
 
-def nonfinite_error(dtype: torch.dtype) -> NonFiniteLogitsError:
+def nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits (..., V) -> () bool on the device: `nonfinite` of any row. A row's max keeps a NaN,
+    and is +inf or -inf exactly when the row has a +inf or no finite value, so the rows' maxima
+    alone decide it: two small launches per decoding step, not a pass per test."""
+    return ~torch.isfinite(logits.amax(-1)).all()
+
+
+def nonfinite_error(dtype: torch.dtype, where: str = "after the prompt") -> NonFiniteLogitsError:
     return NonFiniteLogitsError(
-        f"the target's logits after the prompt are not finite (NaN or inf) with the target in {dtype}: "
+        f"the target's logits {where} are not finite (NaN or inf) with the target in {dtype}: "
         "its activations overflow that dtype (float16 does for some model families); load it in "
         "bfloat16 or float32 (--dtype)")
 

@@ -55,7 +55,7 @@ from splitserve.models.dspark import DSparkDraft
 from splitserve.models.eagle3 import Eagle3Draft
 from splitserve.speculative import verify_kernel as verify_kernels
 from splitserve.speculative import verify as verify_reference
-from splitserve.speculative.decode import nonfinite, nonfinite_error, pick_token
+from splitserve.speculative.decode import nonfinite, nonfinite_error, nonfinite_rows, pick_token
 from splitserve.speculative.draft_weights import served_draft
 from splitserve.speculative.drafter import engine_drafter
 from splitserve.speculative.host_reads import HostReads
@@ -148,7 +148,8 @@ class Engine:
         dev = self.device
         self.seq_len = torch.zeros((), dtype=torch.long, device=dev)
         self.anchor = torch.zeros((), dtype=torch.long, device=dev)
-        self.out = torch.zeros(self.gamma + 2, dtype=torch.long, device=dev)
+        # one step's result, read by the host: [n, committed tokens (γ+1), logits not finite]
+        self.out = torch.zeros(self.gamma + 3, dtype=torch.long, device=dev)
         self._offsets = torch.arange(self.gamma + 1, device=dev)  # (γ+1,)
         recording = cfg.record_confidence and draft is not None and draft.confidence is not None
         self.conf_out = torch.zeros(self.gamma, dtype=torch.float32, device=dev) if recording else None  # (γ,)
@@ -228,7 +229,7 @@ class Engine:
         # [d_1..d_n, bonus, bonus, ...]: slot k < n holds d_{k+1}, the rest the bonus.
         committed = torch.where(self._offsets < n, verify_in.roll(-1), bonus)  # (γ+1,)
         self.drafter.commit(cap.aux, p, committed, n, window)  # before seq_len moves: p is that buffer
-        self.out.copy_(torch.cat([n.view(1), committed]))
+        self.out.copy_(torch.cat([n.view(1), committed, nonfinite_rows(logits[0]).long().view(1)]))
         self.seq_len.add_(n + 1)
         self.anchor.copy_(bonus)
 
@@ -243,6 +244,7 @@ class Engine:
         tok = pick_token(logits[0, -1], temperature, self.generator, *trunc)
         self.out[0].zero_()  # in-place on the device: a Python scalar would be a host copy
         self.out[1].copy_(tok)
+        self.out[-1].copy_(nonfinite_rows(logits[0, -1:]))
         self.seq_len.add_(1)
         self.anchor.copy_(tok)
 
@@ -352,6 +354,9 @@ class Engine:
             if overlap and len(in_flight) == 1 and len(stats.tokens) + most < params.max_tokens:
                 in_flight.append(self._launch(mode, temperature, seq_len + most, trunc))
             vals, *conf = self._reads.read(in_flight.pop(0))  # waits for that step's copies only
+            if vals[-1]:  # the target overflowed mid-request: one line, and the engine serves on
+                self._reads.drop_unread()
+                raise nonfinite_error(self.target.dtype, f"after {len(stats.tokens)} generated tokens")
             n = vals[0]
             seq_len += n + 1
             if mode == "spec":
