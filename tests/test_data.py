@@ -123,6 +123,26 @@ def test_assistant_mask_covers_exactly_assistant_contents(smollm2_tokenizer):
     assert sample.input_ids[last_trained + 1 :] and not any(sample.loss_mask[last_trained + 1 :])
 
 
+def test_loss_on_all_trains_every_token_after_the_first(smollm2_tokenizer):
+    """data.loss_on=all: the same ids as the assistant-only mask, every token but the first
+    trained (users' turns and the template's tokens too); a conversation without a reply, which
+    the assistant-only mask skips, is trainable."""
+    tok = smollm2_tokenizer
+    messages = [user("What colour is grass?"), assistant("Green, mostly.")]
+    replies = tokenize_conversation(tok, messages, max_length=512)
+    whole = tokenize_conversation(tok, messages, max_length=512, loss_on="all")
+    assert whole.input_ids == replies.input_ids
+    assert whole.loss_mask == [0] + [1] * (len(whole.input_ids) - 1)
+    assert "What colour is grass?" in masked_text(tok, whole)
+    only_user = [user("hello?"), user("anyone?")]
+    assert tokenize_conversation(tok, only_user, max_length=512) is None
+    assert sum(tokenize_conversation(tok, only_user, max_length=512, loss_on="all").loss_mask) > 3
+    cut = tokenize_conversation(tok, messages, max_length=6, loss_on="all")
+    assert cut.truncated and len(cut.input_ids) == 6
+    with pytest.raises(ValueError, match="loss_on"):
+        tokenize_conversation(tok, messages, max_length=512, loss_on="users")
+
+
 def test_conversation_opening_with_assistant(smollm2_tokenizer):
     messages = [assistant("Welcome! Ask me anything."), user("hi"), assistant("Hello.")]
     sample = tokenize_conversation(smollm2_tokenizer, messages, max_length=512)

@@ -86,9 +86,22 @@ def test_second_load_reads_the_cache_and_edits_invalidate_it(tmp_path, smollm2_t
     # Another max_length, or changed data, is another entry.
     with pytest.raises(AssertionError, match="tokenized again"):
         load_samples(path, smollm2_tokenizer, 32, opts=opts)
+    with pytest.raises(AssertionError, match="tokenized again"):  # another loss mask too
+        load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(cache=True, loss_on="all"))
     _write(path, [GOOD])
     with pytest.raises(AssertionError, match="tokenized again"):
         load_samples(path, smollm2_tokenizer, 64, opts=opts)
+
+
+def test_loss_on_all_keeps_rows_without_a_reply_and_counts_their_tokens(tmp_path, smollm2_tokenizer):
+    only_user = {"messages": [{"role": "user", "content": "Is anyone there?"}]}
+    path = _write(tmp_path / "d.jsonl", [GOOD, only_user])
+    replies, stats = load_samples(path, smollm2_tokenizer, 64)
+    assert len(replies) == 1 and stats.skipped["empty"] == [f"{path}:2"]
+    whole, stats = load_samples(path, smollm2_tokenizer, 64, opts=LoadOptions(loss_on="all"))
+    assert len(whole) == 2 and stats.loss_tokens == sum(len(s.input_ids) - 1 for s in whole)
+    with pytest.raises(DataError, match="data.loss_on must be one of assistant, all, got 'user'"):
+        LoadOptions(loss_on="user")
 
 
 def test_worker_processes_give_the_same_samples(tmp_path, smollm2_tokenizer):

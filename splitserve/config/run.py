@@ -96,6 +96,10 @@ class DataConfig:
     # rows of real text for long-context training (data/concat.py); 0: one row per conversation.
     concat_to: int = 0
     max_samples: int | None = None
+    # The tokens the draft learns to predict: "assistant" (the replies, as a chat server is asked
+    # for them) | "all" (every token after the first, whoever wrote it: for raw-text workloads such
+    # as bench_serving's random prompts, where the target continues the user's text).
+    loss_on: str = "assistant"
     # A Jinja file replacing the tokenizer's chat template, for training rows and held-out prompts.
     chat_template: str | None = None
     # Handed to the chat template, e.g. for Qwen3: +data.chat_template_kwargs.enable_thinking=false

@@ -78,4 +78,4 @@ def load_options(data_cfg) -> LoadOptions:
     """LoadOptions from a config.DataConfig: its template file and kwargs, strictness, workers, cache."""
     chat = ChatTemplate.load(data_cfg.chat_template, dict(data_cfg.chat_template_kwargs or {}))
     return LoadOptions(chat=chat, strict=data_cfg.strict, num_proc=data_cfg.num_proc, cache=data_cfg.cache,
-                       overlong=data_cfg.overlong, concat_to=data_cfg.concat_to)
+                       overlong=data_cfg.overlong, concat_to=data_cfg.concat_to, loss_on=data_cfg.loss_on)

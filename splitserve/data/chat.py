@@ -256,17 +256,32 @@ def _located(
     return ids, mask
 
 
+LOSS_ON = ("assistant", "all")
+
+
+def _whole(tokenizer: Any, messages: list[Message], chat: ChatTemplate) -> tuple[list[int], list[int]]:
+    """Every token after the first is trained: the rendered conversation, whoever wrote it."""
+    text = render_chat(tokenizer, messages, chat=chat)
+    ids = list(tokenizer(text, add_special_tokens=specials_for(tokenizer, chat))["input_ids"])
+    return ids, [0] + [1] * (len(ids) - 1)
+
+
 def tokenize_conversation(
     tokenizer: Any, messages: list[Message], max_length: int, source: str = "<conversation>",
-    chat: ChatTemplate = DEFAULT,
+    chat: ChatTemplate = DEFAULT, loss_on: str = "assistant",
 ) -> TokenizedSample | None:
-    """Tokenize one conversation with an assistant-only loss mask; None if nothing is trainable.
+    """Tokenize one conversation with a loss mask over its assistant replies (loss_on
+    "assistant") or over every token after the first ("all"); None if nothing is trainable.
 
     Raises `DataError` (prefixed with `source`) when the replies cannot be located."""
-    if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
+    if loss_on not in LOSS_ON:
+        raise ValueError(f"data.loss_on must be one of {', '.join(LOSS_ON)}, got {loss_on!r}")
+    if loss_on == "assistant" and not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
         return None
     try:
-        if uses_generation_blocks(tokenizer, chat):
+        if loss_on == "all":
+            ids, mask = _whole(tokenizer, messages, chat)
+        elif uses_generation_blocks(tokenizer, chat):
             ids, mask = _marked(tokenizer, messages, chat)
         else:
             ids, mask = _located(tokenizer, messages, max_length, chat)

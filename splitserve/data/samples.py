@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from splitserve.data.chat import DEFAULT, ChatTemplate, TokenizedSample, tokenize_conversation
+from splitserve.data.chat import DEFAULT, LOSS_ON, ChatTemplate, TokenizedSample, tokenize_conversation
 from splitserve.data.concat import concatenate
 from splitserve.data.formats import parse_messages
 from splitserve.data.rows import DataError, fingerprint, iter_raw_rows
@@ -44,10 +44,13 @@ class LoadOptions:
     cache: bool = False  # keep the tokenized samples under the splitserve cache dir
     overlong: str = "truncate"  # a row longer than max_length: cut to it and counted | skipped and counted
     concat_to: int = 0  # consecutive conversations joined into rows of at most this many tokens (data/concat.py)
+    loss_on: str = "assistant"  # the tokens the draft learns to predict: assistant replies | all
 
     def __post_init__(self):
         if self.overlong not in OVERLONG:
             raise DataError(f"data.overlong must be one of {', '.join(OVERLONG)}, got {self.overlong!r}")
+        if self.loss_on not in LOSS_ON:
+            raise DataError(f"data.loss_on must be one of {', '.join(LOSS_ON)}, got {self.loss_on!r}")
 
 
 @dataclass
@@ -90,13 +93,13 @@ class DataStats:
 # --------------------------------------------------------------------------- tokenizing
 
 
-def _tokenize_row(row: dict, tokenizer: Any, max_length: int, chat: ChatTemplate) -> dict:
+def _tokenize_row(row: dict, tokenizer: Any, max_length: int, chat: ChatTemplate, loss_on: str = "assistant") -> dict:
     """datasets.map function: one row -> ids, mask, and why it was skipped ("" if kept)."""
     out = {"input_ids": [], "loss_mask": [], "truncated": False, "skip": "", "error": row["error"]}
     if row["error"]:
         return {**out, "skip": "malformed"}
     try:
-        sample = tokenize_conversation(tokenizer, json.loads(row["messages"]), max_length, row["where"], chat)
+        sample = tokenize_conversation(tokenizer, json.loads(row["messages"]), max_length, row["where"], chat, loss_on)
     except DataError as e:
         return {**out, "skip": "unlocated", "error": str(e)}
     if sample is None:
@@ -141,7 +144,7 @@ def _tokenize(path: str | Path, tokenizer: Any, max_length: int, limit: int | No
         ds = datasets.Dataset.from_dict(chunk)
         num_proc = opts.num_proc if opts.num_proc and opts.num_proc > 1 and len(ds) > 1 else None
         done = ds.map(_tokenize_row, fn_kwargs={"tokenizer": tokenizer, "max_length": max_length,
-                                                "chat": opts.chat},
+                                                "chat": opts.chat, "loss_on": opts.loss_on},
                       num_proc=num_proc, remove_columns=["messages"], load_from_cache_file=False,
                       desc="tokenize").to_dict()
         for where, skip, error, ids, mask, truncated in zip(
@@ -191,6 +194,8 @@ def cache_key(path: str | Path, tokenizer: Any, max_length: int, limit: int | No
     }
     if opts.overlong != "truncate":  # keys of earlier caches stay as they were
         parts["overlong"] = opts.overlong
+    if opts.loss_on != "assistant":
+        parts["loss_on"] = opts.loss_on
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
