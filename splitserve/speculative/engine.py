@@ -55,7 +55,7 @@ from splitserve.models.dspark import DSparkDraft
 from splitserve.models.eagle3 import Eagle3Draft
 from splitserve.speculative import verify_kernel as verify_kernels
 from splitserve.speculative import verify as verify_reference
-from splitserve.speculative.decode import nonfinite, nonfinite_error, nonfinite_rows, pick_token
+from splitserve.speculative.decode import nonfinite, nonfinite_error, pick_token
 from splitserve.speculative.draft_weights import served_draft
 from splitserve.speculative.drafter import engine_drafter
 from splitserve.speculative.host_reads import HostReads
@@ -229,7 +229,7 @@ class Engine:
         # [d_1..d_n, bonus, bonus, ...]: slot k < n holds d_{k+1}, the rest the bonus.
         committed = torch.where(self._offsets < n, verify_in.roll(-1), bonus)  # (γ+1,)
         self.drafter.commit(cap.aux, p, committed, n, window)  # before seq_len moves: p is that buffer
-        self.out.copy_(torch.cat([n.view(1), committed, nonfinite_rows(logits[0]).long().view(1)]))
+        self.out.copy_(torch.cat([n.view(1), committed, nonfinite(logits[0]).long().view(1)]))
         self.seq_len.add_(n + 1)
         self.anchor.copy_(bonus)
 
@@ -244,7 +244,7 @@ class Engine:
         tok = pick_token(logits[0, -1], temperature, self.generator, *trunc)
         self.out[0].zero_()  # in-place on the device: a Python scalar would be a host copy
         self.out[1].copy_(tok)
-        self.out[-1].copy_(nonfinite_rows(logits[0, -1:]))
+        self.out[-1].copy_(nonfinite(logits[0, -1]))
         self.seq_len.add_(1)
         self.anchor.copy_(tok)
 
