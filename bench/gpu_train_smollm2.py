@@ -1,7 +1,8 @@
 """Train the quickstart draft on a GPU for a few minutes, then measure held-out τ.
 
     python bench/gpu_train_smollm2.py --train TRAIN.jsonl --prompts PROMPTS.jsonl \
-        --minutes 5 --out OUT_DIR [--gamma 8] [--layers 2]
+        --minutes 5 --out OUT_DIR [--gamma 8] [--layers 2] [--max-length 1024] [--batch-size 16] \
+        [--anchors 64] [--eval-prompts 40]
 
 The same code path as `splitserve train experiment=quickstart` (in-process target, paper
 loss, held-out evaluation next to an untrained draft), without Hydra so that it runs on a
@@ -25,16 +26,20 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--max-samples", type=int, default=None)
+    ap.add_argument("--max-length", type=int, default=1024)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--anchors", type=int, default=64)
+    ap.add_argument("--eval-prompts", type=int, default=40)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     cfg = RunConfig(
         target=TargetConfig(),
         draft=DraftConfig(name=f"dspark_b{args.gamma}", block_size=args.gamma, num_layers=args.layers),
-        data=DataConfig(train_path=args.train, heldout_prompts=args.prompts, max_length=1024,
+        data=DataConfig(train_path=args.train, heldout_prompts=args.prompts, max_length=args.max_length,
                         max_samples=args.max_samples),
-        train=TrainConfig(max_steps=100000, max_minutes=args.minutes, batch_size=16, anchors_per_seq=64,
+        train=TrainConfig(max_steps=100000, max_minutes=args.minutes, batch_size=args.batch_size, anchors_per_seq=args.anchors,
                           lr=1e-3, warmup_steps=50, log_every=50, save_every=100000),
-        eval=EvalConfig(num_prompts=40, max_new_tokens=96),
+        eval=EvalConfig(num_prompts=args.eval_prompts, max_new_tokens=96),
         run_dir=args.out,
     )
     result = train(cfg)

@@ -4,7 +4,11 @@
 # SmolLM2's context is 8,192 tokens, so 7,000 input + 1,024 output stand in for 8,192 + 1,024.
 # On a GPU machine whose SmolLM2 parts were stashed by bench/device_smollm2.sh (and the chitchat
 # train.jsonl / heldout_prompts.jsonl in $DATA):
-#   bash bench/public_shape_gpu.sh train MINUTES     the quickstart recipe on the GPU (bench/gpu_train_smollm2.py)
+#   bash bench/public_shape_gpu.sh train MINUTES     the quickstart recipe on the GPU (bench/gpu_train_smollm2.py);
+#                                                    TRAIN (default $DATA/train.jsonl), MAX_LENGTH (1024), BATCH (16)
+#   bash bench/public_shape_gpu.sh rows NUM          the target's own continuations of NUM workload-like prompts
+#                                                    (bench/workload_rows.py; SOURCES, default "uniform") into
+#                                                    $WORK/rows.jsonl, to train on with TRAIN=$WORK/rows.jsonl
 #   bash bench/public_shape_gpu.sh bench REQUESTS    splitserve bench --random 7000/1024, --baseline, compiled;
 #                                                    RANDOM_SOURCE (default uniform): --random-source, e.g. a prompt
 #                                                    file whose user turns are repeated to the length (sglang's random)
@@ -20,10 +24,18 @@ WORK=${WORK:-/tmp/public_shape}
 DATA=${DATA:-.whl/data}
 mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1
-case "${1:?train MINUTES | bench REQUESTS | probe}" in
+case "${1:?train MINUTES | rows NUM | bench REQUESTS | probe}" in
+rows)
+    # shellcheck disable=SC2086  # SOURCES is a list
+    python3 bench/workload_rows.py --out "$WORK/rows.jsonl" --num "${2:?NUM}" --min-len "${MIN_LEN:-500}" \
+        --max-len "${MAX_LEN:-7000}" --continuation "${CONTINUATION:-256}" --source ${SOURCES:-uniform} --seed 1 \
+        > "$WORK/rows.log" 2>&1 || { tail -n 30 "$WORK/rows.log"; exit 1; }
+    tail -n 2 "$WORK/rows.log"
+    ;;
 train)
-    python3 bench/gpu_train_smollm2.py --train "$DATA/train.jsonl" --prompts "$DATA/heldout_prompts.jsonl" \
+    python3 bench/gpu_train_smollm2.py --train "${TRAIN:-$DATA/train.jsonl}" --prompts "$DATA/heldout_prompts.jsonl" \
         --minutes "${2:?MINUTES}" --gamma "${GAMMA:-16}" --layers "${LAYERS:-4}" --out "$WORK/run" \
+        --max-length "${MAX_LENGTH:-1024}" --batch-size "${BATCH:-16}" \
         > "$WORK/train.log" 2>&1 || { tail -n 30 "$WORK/train.log"; exit 1; }
     grep -E "^\[train\] done|^\| (trained|untrained)" "$WORK/train.log" || tail -n 20 "$WORK/train.log"
     ;;

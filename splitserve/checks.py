@@ -116,6 +116,7 @@ def check_train_data(cfg) -> None:
     from splitserve.data.formats import parse_messages
     from splitserve.data.prompts import read_prompts
     from splitserve.data.rows import DataError, NotUTF8Error, iter_raw_rows
+    from splitserve.data.tokenized import is_tokenized, parse_tokenized
 
     if not cfg.data.dump_dir:
         path = resolve_train_path(cfg.data.train_path)
@@ -125,7 +126,7 @@ def check_train_data(cfg) -> None:
             try:
                 if isinstance(row, DataError):
                     raise row
-                parse_messages(row, where)
+                parse_tokenized(row, where) if is_tokenized(row) else parse_messages(row, where)
             except DataError as exc:
                 # A bad byte means the file is in another encoding: skipping its lines would
                 # quietly drop every row with a non-ASCII character, so it stops the run.

@@ -25,6 +25,7 @@ from splitserve.data.chat import DEFAULT, LOSS_ON, ChatTemplate, TokenizedSample
 from splitserve.data.concat import concatenate
 from splitserve.data.formats import parse_messages
 from splitserve.data.rows import DataError, fingerprint, iter_raw_rows
+from splitserve.data.tokenized import is_tokenized, parse_tokenized, tokenized_sample
 
 CACHE_VERSION = 1  # bump when the masks a given input yields change
 SHOWN_PER_REASON = 5  # row locations listed per skip reason in the summary
@@ -98,8 +99,17 @@ def _tokenize_row(row: dict, tokenizer: Any, max_length: int, chat: ChatTemplate
     out = {"input_ids": [], "loss_mask": [], "truncated": False, "skip": "", "error": row["error"]}
     if row["error"]:
         return {**out, "skip": "malformed"}
+    parsed = json.loads(row["messages"])
+    if isinstance(parsed, dict):  # a pre-tokenized row (data/tokenized.py)
+        try:
+            cut = tokenized_sample(parsed, len(tokenizer), max_length, loss_on, row["where"])
+        except DataError as e:
+            return {**out, "skip": "malformed", "error": str(e)}
+        if cut is None:
+            return {**out, "skip": "empty"}
+        return {**out, "input_ids": cut[0], "loss_mask": cut[1], "truncated": cut[2]}
     try:
-        sample = tokenize_conversation(tokenizer, json.loads(row["messages"]), max_length, row["where"], chat, loss_on)
+        sample = tokenize_conversation(tokenizer, parsed, max_length, row["where"], chat, loss_on)
     except DataError as e:
         return {**out, "skip": "unlocated", "error": str(e)}
     if sample is None:
@@ -117,8 +127,9 @@ def _chunks(path: str | Path, strict: bool, size: int | None) -> Iterator[dict[s
             if isinstance(row, DataError):
                 raise row
             # JSON text: rows of one file may differ in shape (extra fields, tool calls), which an
-            # Arrow column of structs would refuse.
-            text = json.dumps(parse_messages(row, where), ensure_ascii=False)
+            # Arrow column of structs would refuse. A pre-tokenized row is an object, a chat a list.
+            parsed = parse_tokenized(row, where) if is_tokenized(row) else parse_messages(row, where)
+            text = json.dumps(parsed, ensure_ascii=False)
         except DataError as e:
             if strict:
                 raise
