@@ -11,7 +11,8 @@
 #                                                    $WORK/rows.jsonl, to train on with TRAIN=$WORK/rows.jsonl
 #   bash bench/public_shape_gpu.sh bench REQUESTS    splitserve bench --random 7000/1024, --baseline, compiled;
 #                                                    RANDOM_SOURCE (default uniform): --random-source, e.g. a prompt
-#                                                    file whose user turns are repeated to the length (sglang's random)
+#                                                    file whose user turns are repeated to the length (sglang's random);
+#                                                    TAG names the result files (bench$TAG.json)
 #   bash bench/public_shape_gpu.sh probe             the trained draft's τ by prompt kind and length (2 requests of
 #                                                    256 tokens each: random 900/3000/7000, 7000 without graphs or
 #                                                    with SDPA draft attention, and 6 chat prompts)
@@ -42,10 +43,12 @@ train)
 bench)
     python3 -m splitserve.cli bench --draft "$WORK/run" --device cuda --dtype bfloat16 --compile \
         --random --random-source "${RANDOM_SOURCE:-uniform}" --input-len "${INPUT_LEN:-7000}" --output-len "${OUTPUT_LEN:-1024}" --num-requests "${2:?REQUESTS}" \
-        --max-concurrency 1 --max-model-len 8192 --baseline --seed 0 --result-file "$WORK/bench.json" \
-        > "$WORK/bench.log" 2>&1 || { tail -n 30 "$WORK/bench.log"; exit 1; }
-    grep "^|" "$WORK/bench.log"
-    if [ -n "${OUT:-}" ]; then cp "$WORK/bench.json" "$WORK/bench.md" "$WORK/train.log" "$OUT"/ 2>/dev/null || true; fi
+        --max-concurrency 1 --max-model-len 8192 --baseline --seed 0 --result-file "$WORK/bench${TAG:-}.json" \
+        > "$WORK/bench${TAG:-}.log" 2>&1 || { tail -n 30 "$WORK/bench${TAG:-}.log"; exit 1; }
+    grep "^|" "$WORK/bench${TAG:-}.log"
+    if [ -n "${OUT:-}" ]; then
+        cp "$WORK/bench${TAG:-}.json" "$WORK/bench${TAG:-}.md" "$WORK/train.log" "$OUT"/ 2>/dev/null || true
+    fi
     ;;
 probe)
     run() {  # NAME, then splitserve bench arguments

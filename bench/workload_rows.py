@@ -2,7 +2,8 @@
 the way `splitserve bench --random` draws them, written as pre-tokenized rows.
 
     python bench/workload_rows.py --out rows.jsonl --num 300 --min-len 500 --max-len 7000 \
-        --continuation 256 [--source uniform [PROMPTS.jsonl ...]] [--seed 1] [--device cuda] [--dtype bfloat16]
+        --continuation 256 [--source uniform [PROMPTS.jsonl ...]] [--seed 1] [--device cuda] [--dtype bfloat16] \
+        [--keep-prompt N]
 
 A draft trained on chat replies has never seen what a target does after thousands of random token
 ids (most often it falls into repeating a short phrase; with sglang-style prompts, a user turn
@@ -13,7 +14,9 @@ whose turns are repeated, as `--random-source`), followed by --continuation toke
 generates greedily with EOS ignored, in the serving engine's AR mode. The loss mask covers the
 continuation only. The ids go into the file as they are ({"input_ids", "loss_mask"} rows,
 docs/data.md), since random ids do not survive a decode and re-encode. Seeds start at --seed, so
-with the bench's --seed 0 kept apart, no benchmark prompt is among them.
+with the bench's --seed 0 kept apart, no benchmark prompt is among them. `--keep-prompt N` writes
+only the last N prompt tokens before each continuation (generated from the whole prompt), which
+makes rows short enough to train on a CPU.
 """
 
 from __future__ import annotations
@@ -42,18 +45,25 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--keep-prompt", type=int, default=None)
     args = ap.parse_args()
 
     target = load_target(TargetConfig(device=args.device, dtype=args.dtype))
     engine = Engine(target, None, EngineConfig(max_context=args.max_len + args.continuation))
     lengths = random.Random(args.seed).choices(range(args.min_len, args.max_len + 1), k=args.num)
+    # Each source's prompts drawn at once at the longest length (a prompt file is read once), then
+    # each cut to its row's length: a prefix of random ids is random ids, of a repeated turn a repeated turn.
+    sources = [args.source[i % len(args.source)] for i in range(args.num)]
+    drawn = {s: iter(random_prompts(target.tokenizer, target.info.vocab_size, sources.count(s), args.max_len,
+                                    args.seed + k, s).ids) for k, s in enumerate(dict.fromkeys(sources))}
     params = SamplingParams(max_tokens=args.continuation)  # greedy, EOS ignored
     start, written = time.perf_counter(), 0
     with open(args.out, "w") as f:
-        for i, n in enumerate(lengths):
-            source = args.source[i % len(args.source)]
-            ids = random_prompts(target.tokenizer, target.info.vocab_size, 1, n, args.seed + i, source).ids[0]
+        for i, (n, source) in enumerate(zip(lengths, sources)):
+            ids = next(drawn[source])[:n]
             out = engine.generate(ids, params, mode="ar").tokens
+            if args.keep_prompt is not None:
+                ids = ids[len(ids) - min(args.keep_prompt, len(ids)):]
             f.write(json.dumps({"input_ids": ids + out, "loss_mask": [0] * len(ids) + [1] * len(out)}) + "\n")
             written += 1
             if (i + 1) % 25 == 0 or i + 1 == len(lengths):
