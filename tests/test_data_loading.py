@@ -13,9 +13,10 @@ import pytest
 import splitserve.data.samples as samples_mod
 import splitserve.train.loop as loop
 from splitserve.checks import check_train_data
-from splitserve.config import DataConfig, DraftConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
+from splitserve.config import DataConfig, EvalConfig, RunConfig
 from splitserve.data import DataError, LoadOptions, load_samples
 from splitserve.target.hf import load_hf_target
+from tests.tiny import tiny_smol_run
 
 GOOD = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]}
 
@@ -128,14 +129,7 @@ def test_train_on_sharegpt_parquet(tiny_smol_dir, tmp_path, monkeypatch):
     openai = [{"messages": [{"role": role[f], "content": v} for f, v in c]} for c in convs]
     datasets.Dataset.from_list(sharegpt).to_parquet(str(tmp_path / "chat.parquet"))
     _write(tmp_path / "chat.jsonl", openai)
-    cfg = RunConfig(
-        target=TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), layer_ids=[0, 1, 2], device="cpu"),
-        draft=DraftConfig(num_layers=1, block_size=4, markov_rank=4, intermediate_size=32),
-        data=DataConfig(train_path=str(tmp_path / "chat.parquet"), max_length=96),
-        train=TrainConfig(max_steps=2, batch_size=2, anchors_per_seq=4, save_every=100, log_every=1, device="cpu"),
-        eval=EvalConfig(enabled=False),
-        run_dir=str(tmp_path / "run"),
-    )
+    cfg = tiny_smol_run(tiny_smol_dir, tmp_path / "chat.parquet", tmp_path / "run")
     target = load_hf_target(cfg.target)
     from_parquet = loop.build_source(cfg, target).samples
     want, _ = load_samples(tmp_path / "chat.jsonl", target.tokenizer, 96)

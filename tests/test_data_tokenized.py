@@ -12,9 +12,10 @@ import pytest
 
 import splitserve.train.loop as loop
 from splitserve.checks import check_train_data
-from splitserve.config import DataConfig, DraftConfig, EvalConfig, RunConfig, TargetConfig, TrainConfig
+from splitserve.config import DataConfig, EvalConfig, RunConfig
 from splitserve.data import DataError, LoadOptions, load_samples
 from splitserve.target.hf import load_hf_target
+from tests.tiny import tiny_smol_run
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]}
 
@@ -85,14 +86,7 @@ def test_parquet_rows_train(tiny_smol_dir, tmp_path, monkeypatch):
     rows = [{"input_ids": [1 + (7 * i + j) % 90 for j in range(24)], "loss_mask": [0] * 8 + [1] * 16}
             for i in range(4)]
     datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "ids.parquet"))
-    cfg = RunConfig(
-        target=TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), layer_ids=[0, 1, 2], device="cpu"),
-        draft=DraftConfig(num_layers=1, block_size=4, markov_rank=4, intermediate_size=32),
-        data=DataConfig(train_path=str(tmp_path / "ids.parquet"), max_length=96),
-        train=TrainConfig(max_steps=2, batch_size=2, anchors_per_seq=4, save_every=100, log_every=1, device="cpu"),
-        eval=EvalConfig(enabled=False),
-        run_dir=str(tmp_path / "run"),
-    )
+    cfg = tiny_smol_run(tiny_smol_dir, tmp_path / "ids.parquet", tmp_path / "run")
     target = load_hf_target(cfg.target)
     samples = loop.build_source(cfg, target).samples
     assert [(s.input_ids, s.loss_mask) for s in samples] == [(r["input_ids"], r["loss_mask"]) for r in rows]

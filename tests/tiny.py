@@ -159,3 +159,17 @@ GEN_ROWS = [
     {"messages": [{"role": "user", "content": "What is the capital of France?"},
                   {"role": "assistant", "content": "Paris."}]},  # a repeat: gets id "#2"
 ]
+
+
+def tiny_smol_run(tiny_smol_dir, train_path, run_dir, max_length: int = 96):
+    """A two-step CPU training run of a 1-layer γ=4 draft on the tiny SmolLM2-shaped target."""
+    from splitserve.config import DataConfig, EvalConfig, RunConfig, TrainConfig
+
+    return RunConfig(
+        target=TargetConfig(name="tiny-smol", path=str(tiny_smol_dir), layer_ids=[0, 1, 2], device="cpu"),
+        draft=DraftConfig(num_layers=1, block_size=4, markov_rank=4, intermediate_size=32),
+        data=DataConfig(train_path=str(train_path), max_length=max_length),
+        train=TrainConfig(max_steps=2, batch_size=2, anchors_per_seq=4, save_every=100, log_every=1, device="cpu"),
+        eval=EvalConfig(enabled=False),
+        run_dir=str(run_dir),
+    )
