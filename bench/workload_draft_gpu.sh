@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 NUM=${1:?NUM rows}
 MINUTES=${2:?MINUTES of training}
 REQUESTS=${3:?REQUESTS per bench}
-DATA=${DATA:-.whl/data}
+export DATA=${DATA:-.whl/data}
 [ -f "$DATA/train.jsonl" ] || gunzip -k "$DATA/train.jsonl.gz"
 export WORK=${WORK:-/tmp/public_shape}
 echo "[workload] rows $(date +%T)"
