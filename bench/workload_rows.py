@@ -26,8 +26,6 @@ import json
 import random
 import time
 
-import torch
-
 from splitserve.config import EngineConfig, TargetConfig
 from splitserve.evaluation.bench_dataset import random_prompts
 from splitserve.speculative.engine import Engine, SamplingParams
@@ -57,7 +55,7 @@ def main() -> None:
     drawn = {s: iter(random_prompts(target.tokenizer, target.info.vocab_size, sources.count(s), args.max_len,
                                     args.seed + k, s).ids) for k, s in enumerate(dict.fromkeys(sources))}
     params = SamplingParams(max_tokens=args.continuation)  # greedy, EOS ignored
-    start, written = time.perf_counter(), 0
+    start, distinct = time.perf_counter(), 0  # distinct: tokens per continuation, summed (how repetitive)
     with open(args.out, "w") as f:
         for i, (n, source) in enumerate(zip(lengths, sources)):
             ids = next(drawn[source])[:n]
@@ -65,18 +63,12 @@ def main() -> None:
             if args.keep_prompt is not None:
                 ids = ids[len(ids) - min(args.keep_prompt, len(ids)):]
             f.write(json.dumps({"input_ids": ids + out, "loss_mask": [0] * len(ids) + [1] * len(out)}) + "\n")
-            written += 1
+            distinct += len(set(out))
             if (i + 1) % 25 == 0 or i + 1 == len(lengths):
-                rate = written / (time.perf_counter() - start)
+                rate = (i + 1) / (time.perf_counter() - start)
                 print(f"[workload_rows] {i + 1}/{len(lengths)} rows, {rate:.1f} rows/s", flush=True)
-    distinct = None
-    with open(args.out) as f:  # how repetitive the continuations are: distinct tokens per continuation
-        conts = [[t for t, m in zip(r["input_ids"], r["loss_mask"]) if m] for r in map(json.loads, f)]
-        distinct = sum(len(set(c)) for c in conts) / max(len(conts), 1)
-    print(f"[workload_rows] done: {written} rows -> {args.out} ({time.perf_counter() - start:.0f} s); "
-          f"{distinct:.1f} distinct tokens per {args.continuation}-token continuation on average")
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
-
+    print(f"[workload_rows] done: {len(lengths)} rows -> {args.out} ({time.perf_counter() - start:.0f} s); "
+          f"{distinct / max(len(lengths), 1):.1f} distinct tokens per {args.continuation}-token continuation on average")
 
 if __name__ == "__main__":
     main()

@@ -113,10 +113,9 @@ def check_train_data(cfg) -> None:
     A bad row (malformed JSON, not an object, not a known shape) is an error with data.strict;
     otherwise the data loader skips and counts it, so it is let through here."""
     from splitserve.data import resolve_prompts_path, resolve_train_path
-    from splitserve.data.formats import parse_messages
     from splitserve.data.prompts import read_prompts
     from splitserve.data.rows import DataError, NotUTF8Error, iter_raw_rows
-    from splitserve.data.tokenized import is_tokenized, parse_tokenized
+    from splitserve.data.tokenized import parse_training_row
 
     if not cfg.data.dump_dir:
         path = resolve_train_path(cfg.data.train_path)
@@ -126,7 +125,7 @@ def check_train_data(cfg) -> None:
             try:
                 if isinstance(row, DataError):
                     raise row
-                parse_tokenized(row, where) if is_tokenized(row) else parse_messages(row, where)
+                parse_training_row(row, where)
             except DataError as exc:
                 # A bad byte means the file is in another encoding: skipping its lines would
                 # quietly drop every row with a non-ASCII character, so it stops the run.

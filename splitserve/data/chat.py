@@ -259,11 +259,25 @@ def _located(
 LOSS_ON = ("assistant", "all")
 
 
+def after_first(n: int) -> list[int]:
+    """The loss mask that trains every token of n after the first (nothing predicts the first)."""
+    return [0] + [1] * (n - 1)
+
+
+def cut_sample(ids: list[int], mask: list[int], max_length: int, source: str) -> TokenizedSample | None:
+    """ids and mask cut to max_length -> a sample, or None when nothing is left to train."""
+    truncated = len(ids) > max_length
+    ids, mask = ids[:max_length], mask[:max_length]
+    if not any(mask):
+        return None
+    return TokenizedSample(ids, mask, source, truncated)
+
+
 def _whole(tokenizer: Any, messages: list[Message], chat: ChatTemplate) -> tuple[list[int], list[int]]:
     """Every token after the first is trained: the rendered conversation, whoever wrote it."""
     text = render_chat(tokenizer, messages, chat=chat)
     ids = list(tokenizer(text, add_special_tokens=specials_for(tokenizer, chat))["input_ids"])
-    return ids, [0] + [1] * (len(ids) - 1)
+    return ids, after_first(len(ids))
 
 
 def tokenize_conversation(
@@ -287,8 +301,4 @@ def tokenize_conversation(
             ids, mask = _located(tokenizer, messages, max_length, chat)
     except DataError as e:
         raise DataError(f"{source}: {e}") from None
-    truncated = len(ids) > max_length
-    ids, mask = ids[:max_length], mask[:max_length]
-    if not any(mask):
-        return None
-    return TokenizedSample(ids, mask, source, truncated)
+    return cut_sample(ids, mask, max_length, source)

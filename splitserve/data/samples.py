@@ -23,9 +23,8 @@ from typing import Any, Iterator
 
 from splitserve.data.chat import DEFAULT, LOSS_ON, ChatTemplate, TokenizedSample, tokenize_conversation
 from splitserve.data.concat import concatenate
-from splitserve.data.formats import parse_messages
 from splitserve.data.rows import DataError, fingerprint, iter_raw_rows
-from splitserve.data.tokenized import is_tokenized, parse_tokenized, tokenized_sample
+from splitserve.data.tokenized import parse_training_row, tokenized_sample
 
 CACHE_VERSION = 1  # bump when the masks a given input yields change
 SHOWN_PER_REASON = 5  # row locations listed per skip reason in the summary
@@ -100,18 +99,12 @@ def _tokenize_row(row: dict, tokenizer: Any, max_length: int, chat: ChatTemplate
     if row["error"]:
         return {**out, "skip": "malformed"}
     parsed = json.loads(row["messages"])
-    if isinstance(parsed, dict):  # a pre-tokenized row (data/tokenized.py)
-        try:
-            cut = tokenized_sample(parsed, len(tokenizer), max_length, loss_on, row["where"])
-        except DataError as e:
-            return {**out, "skip": "malformed", "error": str(e)}
-        if cut is None:
-            return {**out, "skip": "empty"}
-        return {**out, "input_ids": cut[0], "loss_mask": cut[1], "truncated": cut[2]}
+    tokenized = isinstance(parsed, dict)  # a pre-tokenized row (data/tokenized.py); a chat is a list
     try:
-        sample = tokenize_conversation(tokenizer, parsed, max_length, row["where"], chat, loss_on)
-    except DataError as e:
-        return {**out, "skip": "unlocated", "error": str(e)}
+        sample = (tokenized_sample(parsed, len(tokenizer), max_length, loss_on, row["where"]) if tokenized
+                  else tokenize_conversation(tokenizer, parsed, max_length, row["where"], chat, loss_on))
+    except DataError as e:  # an id past the vocabulary | replies the template does not reproduce
+        return {**out, "skip": "malformed" if tokenized else "unlocated", "error": str(e)}
     if sample is None:
         return {**out, "skip": "empty"}
     return {**out, "input_ids": sample.input_ids, "loss_mask": sample.loss_mask, "truncated": sample.truncated}
@@ -128,8 +121,7 @@ def _chunks(path: str | Path, strict: bool, size: int | None) -> Iterator[dict[s
                 raise row
             # JSON text: rows of one file may differ in shape (extra fields, tool calls), which an
             # Arrow column of structs would refuse. A pre-tokenized row is an object, a chat a list.
-            parsed = parse_tokenized(row, where) if is_tokenized(row) else parse_messages(row, where)
-            text = json.dumps(parsed, ensure_ascii=False)
+            text = json.dumps(parse_training_row(row, where), ensure_ascii=False)
         except DataError as e:
             if strict:
                 raise

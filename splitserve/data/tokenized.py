@@ -19,13 +19,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from splitserve.data.chat import Message, TokenizedSample, after_first, cut_sample
+from splitserve.data.formats import parse_messages
 from splitserve.data.rows import DataError
 
 KEY = "input_ids"  # a row with this field is pre-tokenized
 
 
-def is_tokenized(row: dict) -> bool:
-    return row.get(KEY) is not None
+def parse_training_row(row: dict, where: str) -> dict[str, list[int]] | list[Message]:
+    """Any training row -> its parsed form: {"input_ids", "loss_mask"} for a pre-tokenized row, a
+    message list for a chat row (formats.parse_messages). A fault is a DataError naming the row."""
+    return parse_tokenized(row, where) if row.get(KEY) is not None else parse_messages(row, where)
 
 
 def _int_list(value: Any, where: str, key: str) -> list[int]:
@@ -45,7 +49,7 @@ def parse_tokenized(row: dict, where: str) -> dict[str, list[int]]:
     if min(ids) < 0:
         raise DataError(f"{where}: '{KEY}' holds a negative id ({min(ids)})")
     if row.get("loss_mask") is None:
-        return {KEY: ids, "loss_mask": [0] + [1] * (len(ids) - 1)}
+        return {KEY: ids, "loss_mask": after_first(len(ids))}
     mask = _int_list(row["loss_mask"], where, "loss_mask")
     if len(mask) != len(ids):
         raise DataError(f"{where}: 'loss_mask' has {len(mask)} entries for {len(ids)} input_ids")
@@ -55,17 +59,12 @@ def parse_tokenized(row: dict, where: str) -> dict[str, list[int]]:
 
 
 def tokenized_sample(row: dict[str, list[int]], vocab_size: int, max_length: int, loss_on: str,
-                     source: str) -> tuple[list[int], list[int], bool] | None:
-    """A parsed row -> (ids, mask, truncated) cut to max_length; None when nothing is left to train.
-    Raises DataError for an id the tokenizer does not have."""
-    ids, mask = row[KEY], row["loss_mask"]
+                     source: str) -> TokenizedSample | None:
+    """A parsed row -> a sample cut to max_length, as chat.tokenize_conversation gives; None when
+    nothing is left to train. Raises DataError for an id the tokenizer does not have."""
+    ids = row[KEY]
     if max(ids) >= vocab_size:
         raise DataError(f"{source}: token id {max(ids)} is outside the tokenizer's {vocab_size} ids "
                         f"(rows tokenized for another model?)")
-    if loss_on == "all":
-        mask = [0] + [1] * (len(ids) - 1)
-    truncated = len(ids) > max_length
-    ids, mask = ids[:max_length], mask[:max_length]
-    if not any(mask):
-        return None
-    return ids, mask, truncated
+    mask = after_first(len(ids)) if loss_on == "all" else row["loss_mask"]
+    return cut_sample(ids, mask, max_length, source)
