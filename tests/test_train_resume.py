@@ -95,6 +95,37 @@ def test_finished_run_is_not_trained_again(tiny_smol_dir, tiny_smol_target, tmp_
         torch.testing.assert_close(v, _weights(again.draft)[k])
 
 
+def test_finished_run_trains_on_under_larger_limits(tiny_smol_dir, tiny_smol_target, tmp_path, capsys):
+    """The README's "the same command with train.max_minutes=60 resumes this run": a run that
+    stopped on its time budget trains on under another budget (and one that reached max_steps,
+    under a larger max_steps); the same limits leave it finished."""
+    run = tmp_path / "run"
+    timed = _cfg(tiny_smol_dir, run, max_minutes=1e-6)  # out of time after its first step
+    assert loop.train(timed, tiny_smol_target).state.step == 1
+    assert loop.train(timed, tiny_smol_target).state.step == 1  # the same limits: done
+    assert "another train.max_minutes, trains it further" in capsys.readouterr().out
+    assert loop.train(_cfg(tiny_smol_dir, run, max_minutes=2e-6), tiny_smol_target).state.step == 2
+    assert "training on: train.max_minutes 1e-06 -> 2e-06" in capsys.readouterr().out
+    more = loop.train(_cfg(tiny_smol_dir, run, max_steps=4, max_minutes=None), tiny_smol_target)
+    assert more.state.step == 4 and more.state.finished_under == [4, None]
+    assert loop.train(_cfg(tiny_smol_dir, run, max_steps=4, max_minutes=None), tiny_smol_target).state.step == 4
+
+
+@pytest.mark.parametrize("under, max_steps, max_minutes, reopened", [
+    (None, 10, 60.0, False),          # a checkpoint from before the field: stays finished
+    ([6, 15.0], 6, 15.0, False),      # the same limits
+    ([6, 15.0], 6, 60.0, True),       # stopped on time at step 4: a new budget trains on
+    ([6, 15.0], 10, 15.0, True),      # a larger max_steps
+    ([6, 15.0], 4, 60.0, False),      # max_steps already reached
+])
+def test_reopen_if_extended(under, max_steps, max_minutes, reopened):
+    from splitserve.train.checkpoint import TrainState, reopen_if_extended
+
+    state = TrainState(step=4, finished=True, finished_under=under)
+    why = reopen_if_extended(state, max_steps, max_minutes)
+    assert (why is not None) == reopened and state.finished == (not reopened)
+
+
 def test_dump_then_train_equals_in_process(tiny_smol_dir, tiny_smol_target, tmp_path):
     from splitserve.stream.dump_capture import run_dump
 

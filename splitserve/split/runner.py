@@ -119,12 +119,13 @@ def _broadcast_ints(values: list[int], src: int) -> list[int]:
 def _read_start(cfg: RunConfig) -> tuple[int, int]:
     """(start step, finished) from the run's latest checkpoint; draft rank 0 reads it."""
     from splitserve.models.run_files import latest_checkpoint
-    from splitserve.train.checkpoint import read_state
+    from splitserve.train.checkpoint import read_state, reopen_if_extended
 
     ckpt = latest_checkpoint(Path(cfg.run_dir))
     if ckpt is None:
         return 0, 0
     state = read_state(ckpt)
+    reopen_if_extended(state, cfg.train.max_steps, cfg.train.max_minutes)  # as the draft ranks' train() will
     return state.step, int(state.finished)
 
 

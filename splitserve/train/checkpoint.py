@@ -5,7 +5,8 @@ Layout (run_dir/checkpoints/):
     step_0000100/draft.safetensors   trainable weights only (shared ones come from the target)
     step_0000100/optim.pt            optimizer + scheduler state (plain backend)
     step_0000100/deepspeed/          DeepSpeed's own sharded optimizer state (deepspeed backend)
-    step_0000100/state.json          step, samples/tokens seen, elapsed time, finished flag
+    step_0000100/state.json          step, samples/tokens seen, elapsed time, finished flag (and the
+                                     limits it finished under: a rerun with larger ones trains on)
     latest                           name of the newest complete checkpoint
     step_0000200.corrupt/            a checkpoint found unreadable on resume, set aside
 A checkpoint is written to a temp dir and renamed, then `latest` is replaced atomically, so
@@ -46,6 +47,26 @@ class TrainState:
     positions_trained: int = 0
     elapsed_s: float = 0.0
     finished: bool = False
+    # [train.max_steps, train.max_minutes] the run finished under (None: not finished, or a
+    # checkpoint written before this field existed)
+    finished_under: list | None = None
+
+
+def reopen_if_extended(state: TrainState, max_steps: int, max_minutes: float | None) -> str | None:
+    """A finished run that is resumed with a larger train.max_steps, or (having stopped on its time
+    budget) with another train.max_minutes, trains on: clears `finished` and says why. The same
+    limits leave it finished, so rerunning a sweep skips the runs that are done."""
+    if not state.finished or state.finished_under is None or state.step >= max_steps:
+        return None
+    old_steps, old_minutes = state.finished_under
+    if max_steps > old_steps:
+        why = f"train.max_steps {old_steps} -> {max_steps}"
+    elif state.step < old_steps and max_minutes != old_minutes:
+        why = f"train.max_minutes {old_minutes} -> {max_minutes}"
+    else:
+        return None
+    state.finished, state.finished_under = False, None
+    return why
 
 
 def _write_json(path: Path, obj) -> None:

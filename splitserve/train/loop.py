@@ -25,7 +25,7 @@ from splitserve.stream.sources import DataOrder, DumpSource, RecordSource, Targe
 from splitserve.target.backend import CaptureTarget, TargetWeights
 from splitserve.target.capture_check import check_capture_varies
 from splitserve.train.backends import make_backend
-from splitserve.train.checkpoint import TrainState, resume_checkpoint, save_checkpoint
+from splitserve.train.checkpoint import TrainState, reopen_if_extended, resume_checkpoint, save_checkpoint
 from splitserve.train.objectives import objective_for
 from splitserve.train.partition import Partition
 from splitserve.train.progress import ProgressBar
@@ -186,8 +186,13 @@ def train(
     resumed = resume_checkpoint(run_dir, draft, backend, part)  # a damaged newest one falls back
     if resumed is not None:
         state, ckpt = resumed
+        extended = reopen_if_extended(state, cfg.train.max_steps, cfg.train.max_minutes)
         if part.writer:
-            print(f"[train] resumed from {ckpt} (step {state.step}{', finished' if state.finished else ''})")
+            print(f"[train] resumed from {ckpt} (step {state.step}{', finished' if state.finished else ''}"
+                  f"{'; finished before, training on: ' + extended if extended else ''})")
+            if state.finished and state.step < cfg.train.max_steps:
+                print("[train] this run finished on its limits; a larger train.max_steps, or another "
+                      "train.max_minutes, trains it further")
     if part.writer:  # only now: a checkpoint of another draft shape has been refused, not overwritten
         save_arch(run_dir, arch, cfg.target.path, cfg.draft.family)
         save_resolved(cfg, run_dir)
@@ -247,6 +252,7 @@ def train(
             window = []
         if totals.out_of_time or state.step >= cfg.train.max_steps:
             state.finished = True
+            state.finished_under = [cfg.train.max_steps, cfg.train.max_minutes]
         if state.finished or state.step % cfg.train.save_every == 0:
             save_checkpoint(run_dir, draft, backend, state, keep=cfg.train.keep_checkpoints, part=part)
     bar.close()
