@@ -7,14 +7,17 @@
 #   2. the workload draft: bench/workload_draft_gpu.sh NUM MINUTES REQUESTS (rows -> training ->
 #      splitserve bench 7,000/1,024, spec against AR).
 # After bench/device_smollm2.sh stash 1..3 (the call that brings part 3 also brings .whl/data and .whl/wheels):
-#   bash bench/long_context_chain_gpu.sh start NUM MINUTES REQUESTS   starts the chain (setsid) and returns
+#   bash bench/long_context_chain_gpu.sh start NUM MINUTES REQUESTS   starts the chain (setsid) and returns;
+#                                                                     SPLIT=0 leaves step 1 out
+#   SHAPE=DIR LONG=FILE bash bench/long_context_chain_gpu.sh split       step 1 alone, in the foreground, on a
+#                                                                     random-weight target of SmolLM2's shape
 #   bash bench/long_context_chain_gpu.sh wait SECONDS                 follows its log until it ends or SECONDS pass
 #   bash bench/long_context_chain_gpu.sh collect                      copies the results to $OUT
 # Everything lives under $ROOT (default /tmp/chain43), so later calls may replace the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${ROOT:-/tmp/chain43}
-case "${1:?start NUM MINUTES REQUESTS | wait SECONDS | collect | run ...}" in
+case "${1:?start NUM MINUTES REQUESTS | split | wait SECONDS | collect | run ...}" in
 start)
     mkdir -p "$ROOT/data"
     cp .whl/data/heldout_prompts.jsonl .whl/data/heldout.jsonl "$ROOT/data/"
@@ -23,23 +26,44 @@ start)
     sleep 2
     cat "$ROOT/chain.log"
     ;;
+split)
+    # The split job at 32K, in the foreground. With SHAPE=DIR (config.json and tokenizer files of
+    # SmolLM2) the target is that shape with random weights (split_gpu.py shape-target), so this
+    # needs no stashed GGUF; LONG=FILE.jsonl[.gz] gives the long rows, made here beforehand.
+    source bench/device_smollm2.sh env
+    export PYTHONUNBUFFERED=1
+    mkdir -p "$ROOT"
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    target=()
+    if [ -n "${SHAPE:-}" ]; then
+        python3 bench/split_gpu.py shape-target --like "$SHAPE" --out "$ROOT/shape_target"
+        target=(--target-path "$ROOT/shape_target")
+    fi
+    if [ -n "${LONG:-}" ]; then
+        case "$LONG" in *.gz) gunzip -c "$LONG" > "$ROOT/long32k.jsonl" ;; *) cp "$LONG" "$ROOT/long32k.jsonl" ;; esac
+    else
+        python3 bench/split_gpu.py long-data --src "${DATA:-$ROOT/data}/train.jsonl" --out "$ROOT/long32k.jsonl" \
+            --tokens 32768 --rows 48
+    fi
+    RUN="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
+    for draft in ${SPLIT_DRAFTS:-"a5:5:512" "b2:2:128"}; do  # name:draft layers:anchors per sequence
+        IFS=: read -r name layers anchors <<< "$draft"
+        echo "[chain] split 32K: draft $name $(date +%T)"
+        $RUN bench/split_gpu.py train --data "$ROOT/long32k.jsonl" --out "$ROOT/split32k_$name" --tokens 32768 \
+            --minutes "${SPLIT_MINUTES:-1.5}" --layers "$layers" --anchors "$anchors" "${target[@]}" \
+            > "$ROOT/split32k_$name.log" 2>&1 || { tail -n 30 "$ROOT/split32k_$name.log"; echo "[chain] split 32K $name failed"; }
+        grep -E "^\[split\]|^\[train\] done" "$ROOT/split32k_$name.log" | tail -n 4
+        [ -n "${OUT:-}" ] && [ -f "$ROOT/split32k_$name/split_summary.json" ] \
+            && cp "$ROOT/split32k_$name/split_summary.json" "$OUT/split32k_${name}_summary.json"
+    done
+    ;;
 run)
     source bench/device_smollm2.sh env
     python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
     export PYTHONUNBUFFERED=1 DATA="$ROOT/data"
     NUM=$2 MINUTES=$3 REQUESTS=$4
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-    echo "[chain] split 32K: long data $(date +%T)"
-    python3 bench/split_gpu.py long-data --src "$DATA/train.jsonl" --out "$ROOT/long32k.jsonl" --tokens 32768 --rows 48
-    RUN="python3 -m torch.distributed.run --standalone --nproc-per-node 2"
-    for draft in "a5 5 512" "b2 2 128"; do  # name, draft layers, anchors per sequence
-        read -r name layers anchors <<< "$draft"
-        echo "[chain] split 32K: draft $name $(date +%T)"
-        $RUN bench/split_gpu.py train --data "$ROOT/long32k.jsonl" --out "$ROOT/split32k_$name" --tokens 32768 \
-            --minutes "${SPLIT_MINUTES:-1.5}" --layers "$layers" --anchors "$anchors" > "$ROOT/split32k_$name.log" 2>&1 \
-            || { tail -n 30 "$ROOT/split32k_$name.log"; echo "[chain] split 32K $name failed"; }
-        tail -n 3 "$ROOT/split32k_$name.log"
-    done
+    if [ "${SPLIT:-1}" = 1 ]; then bash "$0" split; fi
     echo "[chain] workload draft $(date +%T)"
     WORK="$ROOT/workload" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 \
         || echo "[chain] workload draft failed"

@@ -3,8 +3,12 @@
 Three modes, each under torchrun (two ranks: the target rank and one draft rank; on a machine
 with one GPU both share it, so the transport is gloo staged through host memory):
 
-    python bench/split_gpu.py long-data --src train.jsonl --out long.jsonl --tokens 8192 --rows 64
+    python bench/split_gpu.py long-data --src train.jsonl --out long.jsonl --tokens 8192 --rows 64 [--tokenizer DIR]
         concatenate chitchat conversations into multi-turn conversations of about 8K tokens
+    python bench/split_gpu.py shape-target --like DIR --out DIR2
+        the target's shape and tokenizer (DIR: config.json, tokenizer files) with random weights,
+        for `train --target-path DIR2` where the real weights cannot travel (rates and memory
+        do not depend on weight values)
     torchrun --nproc-per-node 2 bench/split_gpu.py copy --tokens 8192 --out copy.json [--backend nccl]
         raw copy bandwidths (device-device, device-host, host-device, pinned and not) and the
         channel alone (records of 8K tokens sent as fast as the channel takes them, no model);
@@ -28,13 +32,13 @@ from pathlib import Path
 import torch
 
 
-def make_long_data(src: str, out: str, tokens: int, rows: int) -> None:
+def make_long_data(src: str, out: str, tokens: int, rows: int, tokenizer: str | None = None) -> None:
     """Real conversations, joined turn after turn until each row has about `tokens` tokens."""
     from transformers import AutoTokenizer
 
     from splitserve.assets import smollm2_dir
 
-    tok = AutoTokenizer.from_pretrained(smollm2_dir())
+    tok = AutoTokenizer.from_pretrained(tokenizer or smollm2_dir())
     convs = [json.loads(line)["messages"] for line in open(src)]
     written, cur, cur_len, i = 0, [], 0, 0
     with open(out, "w") as f:
@@ -47,6 +51,25 @@ def make_long_data(src: str, out: str, tokens: int, rows: int) -> None:
                 f.write(json.dumps({"messages": cur}) + "\n")
                 written, cur, cur_len = written + 1, [], 0
     print(f"wrote {written} rows of >= {tokens} tokens from {i} conversations to {out}")
+
+
+def shape_target(like: str, out: str) -> None:
+    """A checkpoint of the same shape and tokenizer as `like` (a config.json and tokenizer files)
+    with seeded random bf16 weights: the split job's rates and memory do not depend on weight
+    values, so this stands in for the real target where its weights cannot travel."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    for f in Path(like).iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, Path(out) / f.name)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(like), dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    print(f"wrote a random-weight {model.config.model_type} of {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M "
+          f"params to {out}")
 
 
 def _time(fn, n: int) -> float:
@@ -146,8 +169,11 @@ def train_bench(args) -> None:
     )
     from splitserve.split.runner import run_split
 
+    target = TargetConfig(dtype="bfloat16")
+    if args.target_path:
+        target = TargetConfig(name="smollm2-shape", path=args.target_path, dtype="bfloat16")
     cfg = RunConfig(
-        target=TargetConfig(dtype="bfloat16"),
+        target=target,
         draft=DraftConfig(name=f"dspark_b{args.gamma}", block_size=args.gamma, num_layers=args.layers),
         data=DataConfig(train_path=args.data, max_length=args.tokens),
         train=TrainConfig(max_steps=100000, max_minutes=args.minutes, batch_size=args.batch,
@@ -169,6 +195,10 @@ def main() -> None:
     a.add_argument("--out", required=True)
     a.add_argument("--tokens", type=int, default=8192)
     a.add_argument("--rows", type=int, default=64)
+    a.add_argument("--tokenizer", default=None, help="a model directory (default: the embedded SmolLM2)")
+    r = sub.add_parser("shape-target")
+    r.add_argument("--like", required=True, help="a directory with config.json and the tokenizer's files")
+    r.add_argument("--out", required=True)
     c = sub.add_parser("copy")
     c.add_argument("--tokens", type=int, default=8192)
     c.add_argument("--out", required=True)
@@ -188,9 +218,13 @@ def main() -> None:
     t.add_argument("--backend", default="deepspeed")
     t.add_argument("--transport", choices=("auto", "gloo", "nccl"), default="auto",
                    help="split.transport: nccl needs a GPU per rank (payloads GPU to GPU)")
+    t.add_argument("--target-path", default=None,
+                   help="a target directory (default: the embedded SmolLM2), e.g. one shape-target wrote")
     args = ap.parse_args()
     if args.mode == "long-data":
-        make_long_data(args.src, args.out, args.tokens, args.rows)
+        make_long_data(args.src, args.out, args.tokens, args.rows, args.tokenizer)
+    elif args.mode == "shape-target":
+        shape_target(args.like, args.out)
     elif args.mode == "copy":
         copy_bench(args.tokens, args.out, args.backend)
     else:
