@@ -91,3 +91,13 @@ def test_parquet_rows_train(tiny_smol_dir, tmp_path, monkeypatch):
     samples = loop.build_source(cfg, target).samples
     assert [(s.input_ids, s.loss_mask) for s in samples] == [(r["input_ids"], r["loss_mask"]) for r in rows]
     assert loop.train(cfg, target).state.step == 2
+
+
+def test_row_with_both_input_ids_and_messages_is_read_from_its_ids():
+    """docs/data.md: a preprocessed row that kept its source text trains on its exact ids."""
+    from splitserve.data.tokenized import parse_training_row
+
+    row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+           "input_ids": [5, 6, 7], "loss_mask": [0, 0, 1]}
+    assert parse_training_row(row, "f.jsonl:1") == {"input_ids": [5, 6, 7], "loss_mask": [0, 0, 1]}
+    assert isinstance(parse_training_row({"messages": row["messages"], "input_ids": None}, "f.jsonl:2"), list)
