@@ -96,7 +96,8 @@ def test_finished_run_is_not_trained_again(tiny_smol_dir, tiny_smol_target, tmp_
 
 
 def test_finished_run_trains_on_under_larger_limits(tiny_smol_dir, tiny_smol_target, tmp_path, capsys):
-    """The README's "the same command with train.max_minutes=60 resumes this run": a run that
+    """The README's "the same command with train.max_steps=5000 train.max_minutes=60 resumes this
+    run": a run that
     stopped on its time budget trains on under another budget (and one that reached max_steps,
     under a larger max_steps); the same limits leave it finished."""
     run = tmp_path / "run"

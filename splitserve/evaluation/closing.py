@@ -32,6 +32,7 @@ def closing_block(cfg: RunConfig, gamma: int, calibrated: bool) -> str:
               f"  splitserve export {run} {export} --format speculators   # for vLLM; --format sglang for SGLang",
               f"  splitserve serve --draft {run}   # an OpenAI-compatible server on "
               f"{ServerConfig.host}:{ServerConfig.port}",
-              "Train longer: the same command with train.max_minutes=60 resumes this run (docs/results/README.md "
+              "Train longer: the same command with train.max_steps=5000 train.max_minutes=60 resumes this run "
+              "for up to 60 more minutes (docs/results/README.md "
               "has GPU recipes)."]
     return "\n".join(lines)
