@@ -53,8 +53,11 @@ split)
             --minutes "${SPLIT_MINUTES:-1.5}" --layers "$layers" --anchors "$anchors" "${target[@]}" \
             > "$ROOT/split32k_$name.log" 2>&1 || { tail -n 30 "$ROOT/split32k_$name.log"; echo "[chain] split 32K $name failed"; }
         grep -E "^\[split\]|^\[train\] done" "$ROOT/split32k_$name.log" | tail -n 4
-        [ -n "${OUT:-}" ] && [ -f "$ROOT/split32k_$name/split_summary.json" ] \
-            && cp "$ROOT/split32k_$name/split_summary.json" "$OUT/split32k_${name}_summary.json"
+        # an if, not an && list: a false test as the loop's last command would fail this mode,
+        # and with it the chain that runs it
+        if [ -n "${OUT:-}" ] && [ -f "$ROOT/split32k_$name/split_summary.json" ]; then
+            cp "$ROOT/split32k_$name/split_summary.json" "$OUT/split32k_${name}_summary.json"
+        fi
     done
     ;;
 run)

@@ -70,5 +70,6 @@ def main() -> None:
     print(f"[workload_rows] done: {len(lengths)} rows -> {args.out} ({time.perf_counter() - start:.0f} s); "
           f"{distinct / max(len(lengths), 1):.1f} distinct tokens per {args.continuation}-token continuation on average")
 
+
 if __name__ == "__main__":
     main()

@@ -97,9 +97,8 @@ def test_finished_run_is_not_trained_again(tiny_smol_dir, tiny_smol_target, tmp_
 
 def test_finished_run_trains_on_under_larger_limits(tiny_smol_dir, tiny_smol_target, tmp_path, capsys):
     """The README's "the same command with train.max_steps=5000 train.max_minutes=60 resumes this
-    run": a run that
-    stopped on its time budget trains on under another budget (and one that reached max_steps,
-    under a larger max_steps); the same limits leave it finished."""
+    run": a run that stopped on its time budget trains on under another budget (and one that
+    reached max_steps, under a larger max_steps); the same limits leave it finished."""
     run = tmp_path / "run"
     timed = _cfg(tiny_smol_dir, run, max_minutes=1e-6)  # out of time after its first step
     assert loop.train(timed, tiny_smol_target).state.step == 1
