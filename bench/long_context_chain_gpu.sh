@@ -6,7 +6,8 @@
 #      rank on the one GPU, DeepSpeed ZeRO-1) for SPLIT_MINUTES, two drafts (a5, b2);
 #   2. the workload draft: bench/workload_draft_gpu.sh NUM MINUTES REQUESTS (rows -> training ->
 #      splitserve bench 7,000/1,024, spec against AR).
-# After bench/device_smollm2.sh stash 1..3 (the call that brings part 3 also brings .whl/data and .whl/wheels):
+# After bench/device_smollm2.sh stash 1..3, or stash .whl/h1 and .whl/h2 (halves: where the checkout sent along is under 15 MB)
+# (the call that brings the last part also brings .whl/data and .whl/wheels):
 #   bash bench/long_context_chain_gpu.sh start NUM MINUTES REQUESTS   starts the chain (setsid) and returns;
 #                                                                     SPLIT=0 leaves step 1 out
 #   SHAPE=DIR LONG=FILE bash bench/long_context_chain_gpu.sh split       step 1 alone, in the foreground, on a

@@ -247,3 +247,36 @@ def test_gen_reads_bom_files_and_text_parts(tmp_path):
     path.write_bytes(BOM + (json.dumps(row) + "\n").encode())
     with pytest.raises(DataError, match=r"g\.jsonl:1: messages\[0\] content\[2\] has type 'image_url': non-text"):
         read_sources(path)
+
+
+class _Vocab:
+    """A tokenizer stand-in with 100 ids: only its length matters to a token-id prompt."""
+
+    def __len__(self):
+        return 100
+
+
+def test_token_id_prompts_are_used_as_they_are(tmp_path):
+    from splitserve.data import encode_prompt
+    from splitserve.data.prompts import TokenPrompt
+
+    path = tmp_path / "p.jsonl"
+    rows = [{"input_ids": [5, 6, 7]},                                   # a prompt as it is
+            {"input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 0, 1, 1]},  # a training row: cut before its reply
+            {"input_ids": [5, 6], "loss_mask": [0, 0]},                  # nothing trained: the whole row
+            {"input_ids": [5, 6, 99], "messages": [{"role": "user", "content": "hi"}]},  # ids win over text
+            {"input_ids": [5, 100]}]                                     # an id the tokenizer lacks
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = read_prompts(path)
+    assert all(isinstance(p, TokenPrompt) for p in prompts)
+    got = [encode_prompt(_Vocab(), p) for p in prompts[:4]]
+    assert got == [[5, 6, 7], [5, 6, 7], [5, 6], [5, 6, 99]]
+    with pytest.raises(DataError, match=r"p\.jsonl:5: token id 100 is outside the tokenizer's 100 ids"):
+        encode_prompt(_Vocab(), prompts[4])
+
+
+def test_malformed_token_id_prompt_names_the_row(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"input_ids": [1, 2]}) + "\n" + json.dumps({"input_ids": [1, "x"]}) + "\n")
+    with pytest.raises(DataError, match=r"p\.jsonl:2: 'input_ids' must be a list of integers"):
+        read_prompts(path)

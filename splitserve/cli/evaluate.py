@@ -18,7 +18,7 @@ def eval_parser() -> tuple[argparse.ArgumentParser, Flags]:
     f = Flags(p)
     f.add(ModelsConfig, "draft", "--draft", required=True, help="run directory or exported draft directory")
     f.add(ModelsConfig, "target", "--target", help="target name or HF directory (default: the draft's own)")
-    f.add(EvalCommand, "prompts", "--prompts", help="chat JSONL ({messages} or {prompt} lines)")
+    f.add(EvalCommand, "prompts", "--prompts", help="prompt rows: {messages}, {prompt} or pre-tokenized {input_ids} lines")
     f.add(EvalCommand, "num_prompts", "--num-prompts", type=int, help="held-out prompts to decode")
     f.add(EvalCommand, "max_new_tokens", "--max-new-tokens", type=int, help="tokens generated per prompt")
     f.add(EvalCommand, "temperature", "--temperature", type=float,

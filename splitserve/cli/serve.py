@@ -124,7 +124,8 @@ def bench_parser() -> tuple[argparse.ArgumentParser, Flags]:
     f.add(BenchConfig, "max_concurrency", "--max-concurrency", type=int,
           help="requests in flight; only 1 (the engine decodes one request at a time)")
     f.add(BenchConfig, "prompts", "--prompts",
-          help="chat prompts (JSONL, or 'chitchat' for the held-out set) instead of random ones; "
+          help="prompt rows (chat or pre-tokenized input_ids JSONL, or 'chitchat' for the held-out set) "
+               "instead of random ones; "
                "replies stop at EOS or after --output-len tokens")
     f.add(BenchConfig, "warmup", "--warmup", type=int, help="requests run first and not measured (graph capture)")
     f.add(BenchConfig, "seed", "--seed", type=int, help="seed of the random prompts (default: 0)")

@@ -71,7 +71,7 @@ def _text_turns(source: str, seed: int) -> list[str]:
     for p in read_prompts(resolve_prompts_path(source)):
         if isinstance(p, str):
             turns.append(p)
-        else:
+        elif isinstance(p, list):  # token-id prompts have no text to repeat
             turns += [m["content"] for m in p if m["role"] == "user" and m.get("content")][:1]
     turns = [t for t in turns if t.strip()]
     if not turns:
