@@ -143,6 +143,6 @@ def parse_messages(row: dict, where: str) -> list[Message]:
         return _single_turn(row, prompt, _require_str(row, "output", where), where)
     raise DataError(
         f"{where}: unknown row format (expected 'messages', ShareGPT 'conversations', "
-        f"'prompt' and 'response', or 'instruction' and 'output'; training data may also be pre-tokenized "
+        f"'prompt' and 'response', or 'instruction' and 'output'; or pre-tokenized "
         f"'input_ids'; got keys {sorted(row)})"
     )
