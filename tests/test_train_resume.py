@@ -314,3 +314,26 @@ def test_empty_latest_without_checkpoints_is_no_checkpoint(tiny_smol_dir, tiny_s
     with pytest.raises(CheckpointError, match="no checkpoint yet"):
         load_draft(run, tiny_smol_target)
     assert not (run / "checkpoints" / "latest").exists()
+
+
+def test_resumed_schedule_is_the_new_runs_from_its_first_step(tmp_path):
+    """A checkpoint of a 10-step run resumed under max_steps=40: the first resumed step's rate is the
+    40-step schedule's at step 10, not the 10-step schedule's end; under the same max_steps it is
+    the rate saved."""
+    from splitserve.train.backends import PlainBackend, lr_lambda
+
+    model = torch.nn.Linear(2, 2)
+    cfg = TrainConfig(lr=1e-3, warmup_steps=2, max_steps=10)
+    first = PlainBackend(model, cfg)
+    for _ in range(10):
+        model(torch.ones(1, 2)).sum().backward()
+        first.step()
+    first.save(tmp_path, writer=True)
+    assert first.lr == pytest.approx(1e-3 * lr_lambda(2, 10)(10))  # the decayed end: 10% of the peak
+    for max_steps in (10, 40):
+        again = PlainBackend(model, replace(cfg, max_steps=max_steps))
+        again.load(tmp_path)
+        want = 1e-3 * lr_lambda(2, max_steps)(10)
+        assert again.lr == pytest.approx(want)
+        assert again.opt.param_groups[0]["lr"] == pytest.approx(want)  # what the next update uses
+    assert lr_lambda(2, 40)(10) > 2 * lr_lambda(2, 10)(10)  # so the 40-step case above tells them apart

@@ -38,6 +38,15 @@ def lr_lambda(warmup: int, total: int):
     return f
 
 
+def resume_schedule(sched: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """After a checkpoint's schedule state is loaded: each group's rate is this run's schedule at the
+    step reached. With the same max_steps that is the rate saved; with a raised one, the saved rate
+    is the old schedule's and would drive the first resumed step."""
+    for group, base, f in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas):
+        group["lr"] = base * f(sched.last_epoch)
+    sched._last_lr = [group["lr"] for group in sched.optimizer.param_groups]  # what get_last_lr() reports
+
+
 class TrainBackend(Protocol):
     module: torch.nn.Module  # the draft as the forward should call it
 
@@ -120,6 +129,7 @@ class PlainBackend:
         state = torch.load(Path(ckpt_dir) / "optim.pt", map_location="cpu", weights_only=True)
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
+        resume_schedule(self.sched)
 
 
 def deepspeed_config(cfg: TrainConfig, dp_size: int, micro_batch: int, bf16: bool) -> dict:
@@ -264,6 +274,7 @@ class DeepSpeedBackend:
         parts[self._dp_rank()] = state["optimizer"]
         self.engine.optimizer.load_state_dict(parts, load_optimizer_states=True, load_from_fp32_weights=True)
         self.engine.lr_scheduler.load_state_dict(state["scheduler"])
+        resume_schedule(self.engine.lr_scheduler)
         self.engine.global_steps = state["global_steps"]
         self.engine.global_samples = state["global_samples"]
 
