@@ -2,7 +2,7 @@
 
     python bench/gpu_train_smollm2.py --train TRAIN.jsonl --prompts PROMPTS.jsonl \
         --minutes 5 --out OUT_DIR [--gamma 8] [--layers 2] [--max-length 1024] [--batch-size 16] \
-        [--anchors 64] [--eval-prompts 40]
+        [--anchors 64] [--eval-prompts 40] [--context-window 0]
 
 The same code path as `splitserve train experiment=quickstart` (in-process target, paper
 loss, held-out evaluation next to an untrained draft), without Hydra so that it runs on a
@@ -30,11 +30,14 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--anchors", type=int, default=64)
     ap.add_argument("--eval-prompts", type=int, default=40)
+    ap.add_argument("--context-window", type=int, default=0,
+                    help="draft.context_window: the block attends to the last N context positions (0: all)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     cfg = RunConfig(
         target=TargetConfig(),
-        draft=DraftConfig(name=f"dspark_b{args.gamma}", block_size=args.gamma, num_layers=args.layers),
+        draft=DraftConfig(name=f"dspark_b{args.gamma}", block_size=args.gamma, num_layers=args.layers,
+                          context_window=args.context_window),
         data=DataConfig(train_path=args.train, heldout_prompts=args.prompts, max_length=args.max_length,
                         max_samples=args.max_samples),
         train=TrainConfig(max_steps=100000, max_minutes=args.minutes, batch_size=args.batch_size, anchors_per_seq=args.anchors,

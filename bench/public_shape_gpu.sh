@@ -6,7 +6,7 @@
 # train.jsonl / heldout_prompts.jsonl in $DATA):
 #   bash bench/public_shape_gpu.sh train MINUTES     the quickstart recipe on the GPU (bench/gpu_train_smollm2.py);
 #                                                    TRAIN (default $DATA/train.jsonl), MAX_LENGTH (1024), BATCH (16),
-#                                                    EVAL_PROMPTS (40)
+#                                                    EVAL_PROMPTS (40), CONTEXT_WINDOW (0: the whole context)
 #   bash bench/public_shape_gpu.sh rows NUM          the target's own continuations of NUM workload-like prompts
 #                                                    (bench/workload_rows.py; SOURCES, default "uniform") into
 #                                                    $WORK/rows.jsonl, to train on with TRAIN=$WORK/rows.jsonl
@@ -38,6 +38,7 @@ train)
     python3 bench/gpu_train_smollm2.py --train "${TRAIN:-$DATA/train.jsonl}" --prompts "$DATA/heldout_prompts.jsonl" \
         --minutes "${2:?MINUTES}" --gamma "${GAMMA:-16}" --layers "${LAYERS:-4}" --out "$WORK/run" \
         --max-length "${MAX_LENGTH:-1024}" --batch-size "${BATCH:-16}" --eval-prompts "${EVAL_PROMPTS:-40}" \
+        --context-window "${CONTEXT_WINDOW:-0}" \
         > "$WORK/train.log" 2>&1 || { tail -n 30 "$WORK/train.log"; exit 1; }
     grep -E "^\[train\] done|^\| (trained|untrained)" "$WORK/train.log" || tail -n 20 "$WORK/train.log"
     ;;

@@ -8,7 +8,8 @@
 # After bench/device_smollm2.sh stash 1..3, with .whl/data (train.jsonl[.gz], heldout_prompts.jsonl):
 #   setsid bash bench/workload_draft_gpu.sh NUM MINUTES REQUESTS > /tmp/workload.log 2>&1 &
 # Work in $WORK (default /tmp/public_shape); results copied to $OUT when it is set. BATCH (16) is the
-# training batch: a smaller one gives more steps in the same minutes.
+# training batch: a smaller one gives more steps in the same minutes. CONTEXT_WINDOW=N trains the
+# draft with draft.context_window=N, and so serves it (the window is part of the draft's arch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env  # the probe below runs splitserve itself
