@@ -14,7 +14,8 @@
 #           bring that folder along with the checkout, one part per call.
 #   there:  bash bench/device_smollm2.sh stash 1      (.whl/p1; or `stash .whl/h1`: one call per part,
 #                                                    while the machine stays warm)
-#           source bench/device_smollm2.sh env       (assembles once, then sets PYTHONPATH)
+#           source bench/device_smollm2.sh env       (assembles once, then sets PYTHONPATH, with the
+#                                                    datasets shim where the image has none)
 set -euo pipefail
 PARTS=/tmp/smollm2_parts
 PKG=/tmp/smollm2_pkgs
@@ -62,5 +63,8 @@ sys.exit(m.version(sys.argv[1]) != sys.argv[2])" "$name" "$version" 2>/dev/null 
             || python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target "$PKG" "$w"
     done
     export PYTHONPATH="$PWD:$PKG${PYTHONPATH:+:$PYTHONPATH}"
+    # No `datasets` in the GPU image: bench/shim stands in for the calls that tokenizing a JSONL
+    # file makes (splitserve/data/samples.py).
+    python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
     ;;
 esac

@@ -30,7 +30,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env
-python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
 WORK=${WORK:-/tmp/families}
 DATA=${DATA:-.whl/data}
 RUNS=${RUNS:-"dspark_b8:prefix dspark_b16:prefix dflash_b16:dflash_ce eagle3:ttt"}

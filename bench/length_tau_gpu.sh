@@ -20,7 +20,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env
-python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
 WORK=${WORK:-/tmp/lengths}
 DATA=${DATA:-.whl/data}
 RUNS=${RUNS:-"2048 8192"}  # row length L, or LwW: L with draft.context_window=W

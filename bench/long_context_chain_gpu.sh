@@ -32,8 +32,6 @@ split)
     # SmolLM2) the target is that shape with random weights (split_gpu.py shape-target), so this
     # needs no stashed GGUF; LONG=FILE.jsonl[.gz] gives the long rows, made here beforehand.
     source bench/device_smollm2.sh env
-    # the GPU image has no `datasets`: the shim stands in for the JSON reader samples.py uses
-    python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
     export PYTHONUNBUFFERED=1
     mkdir -p "$ROOT"
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -65,7 +63,6 @@ split)
     ;;
 run)
     source bench/device_smollm2.sh env
-    python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
     export PYTHONUNBUFFERED=1 DATA="$ROOT/data"
     NUM=$2 MINUTES=$3 REQUESTS=$4
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -91,8 +88,8 @@ collect)
     for d in "$ROOT"/split32k_*; do
         [ -f "$d/split_summary.json" ] && cp "$d/split_summary.json" "$out/$(basename "$d")_summary.json"
     done
-    # the workload bench's tables (a chain started in an earlier call wrote them under $ROOT only)
-    # (JSON only, which holds each table too: a call brings back at most 8 files)
+    # The workload bench's results, which a chain started in an earlier call wrote under $ROOT only:
+    # JSON alone (it holds each table too), since a call brings back at most 8 files.
     cp "$ROOT"/workload/bench*.json "$ROOT"/workload/capture_paths.json "$out/" 2>/dev/null || true
     tar czf "$out/logs.tar.gz" -C "$ROOT" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.bin' \
         --exclude='rows.jsonl' --exclude='data' --exclude='long32k.jsonl' --exclude='global_step*' . 2>/dev/null || true

@@ -21,7 +21,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env
-python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
 WORK=${WORK:-/tmp/public_shape}
 DATA=${DATA:-.whl/data}
 mkdir -p "$WORK"

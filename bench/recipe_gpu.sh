@@ -26,8 +26,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env
-# no `datasets` there: bench/shim stands in for the calls that tokenizing a JSONL file makes
-python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
 WORK=${WORK:-/tmp/recipe}
 mkdir -p "$WORK"
 RUNS=${RUNS:-"dspark_b16:paper dflash_b16:dflash_ce dflash_b16:paper dspark_b16:prefix dspark_b16:prefix_gain dspark_b16:expected_length"}

@@ -13,7 +13,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env  # the probe below runs splitserve itself
-python3 -c "import datasets" 2>/dev/null || export PYTHONPATH="$PWD/bench/shim:$PYTHONPATH"
 NUM=${1:?NUM rows}
 MINUTES=${2:?MINUTES of training}
 REQUESTS=${3:?REQUESTS per bench}
