@@ -3,6 +3,7 @@
 query axis, target/native/attention.py), each replayed from a CUDA graph as the engine runs them.
 
     PYTHONPATH=. python bench/attention_gpu.py --out attention_h200.json [--sliding-window 4096] [--splits 1 2 4 8 16]
+        [--tune 64:2 128:3] [--shapes 8b] [--queries 17] [--windows 8192]
 
 Shapes: an 8B-class target (32 query / 8 kv heads, hd 128) and SmolLM2-135M (9 / 3, hd 64), bf16,
 T = 1 (decode) and 17 (a verify block of γ = 16) queries at the window's last positions (every
@@ -10,7 +11,9 @@ slot visible), windows 256 to 8192. One graph holds CALLS calls or more: the cal
 enough copies of the cache that they do not all fit in L2, as a model's layers do not. The time
 is the median over replays, per call; the error is the max abs difference of the two outputs.
 --splits also times the kernel at each forced split count (the plan's choice is "splits"), to
-check the plan against the best count.
+check the plan against the best count. --tune times the kernel at forced launch shapes too,
+each BLOCK_M:STAGES (the row tile, and the software pipelining depth of its K/V loads; 0 leaves
+that one to the plan), with the plan's split count.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def time_per_call(graph: torch.cuda.CUDAGraph, n_calls: int) -> float:
 
 
 def measure(Hq: int, Hkv: int, hd: int, T: int, window: int, sliding_window: int | None,
-            forced_splits: tuple[int, ...] = ()) -> dict:
+            forced_splits: tuple[int, ...] = (), tunings: tuple[str, ...] = ()) -> dict:
     dev, dt = torch.device("cuda"), torch.bfloat16
     kv_bytes = 2 * Hkv * window * hd * dt.itemsize
     copies = min(-(-COLD_BYTES // kv_bytes), 1000)
@@ -75,6 +78,10 @@ def measure(Hq: int, Hkv: int, hd: int, T: int, window: int, sliding_window: int
     impls = {"triton": attention_kernel.decode_attention_triton, "reference": attention.decode_attention}
     for n in forced_splits:
         impls[f"triton_s{n}"] = lambda *a, n=n: attention_kernel.decode_attention_triton(*a, num_splits=n)
+    for tune in tunings:
+        m, st = (int(x) for x in tune.split(":"))
+        impls[f"triton_m{m}_st{st}"] = lambda *a, m=m, st=st: attention_kernel.decode_attention_triton(
+            *a, row_tile=m or None, num_stages=st or None)
     row = {}
     outs = {name: fn(q, *caches[0], positions, window, scale, sliding_window).float() for name, fn in impls.items()}
     row["max_abs_err"] = max((out - outs["reference"]).abs().max().item() for name, out in outs.items() if name != "reference")
@@ -93,6 +100,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--sliding-window", type=int, default=None)
     ap.add_argument("--splits", type=int, nargs="*", default=[], help="forced split counts to time too")
+    ap.add_argument("--tune", nargs="*", default=[], help="forced BLOCK_M:STAGES launch shapes to time too")
+    ap.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--queries", type=int, nargs="*", default=list(QUERIES))
+    ap.add_argument("--windows", type=int, nargs="*", default=list(WINDOWS))
     args = ap.parse_args()
     assert torch.cuda.is_available() and attention_kernel.HAS_TRITON, "needs a CUDA GPU and triton"
     import triton
@@ -101,11 +112,12 @@ def main() -> None:
     results = []
     print("| shape | T | window | triton µs | reference µs | speedup | splits | best forced: splits, µs | max abs err |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for shape, (Hq, Hkv, hd) in SHAPES.items():
-        for T in QUERIES:
-            for window in WINDOWS:
+    for shape in args.shapes:
+        Hq, Hkv, hd = SHAPES[shape]
+        for T in args.queries:
+            for window in args.windows:
                 r = dict(shape=shape, Hq=Hq, Hkv=Hkv, hd=hd, T=T, window=window,
-                         **measure(Hq, Hkv, hd, T, window, args.sliding_window, tuple(args.splits)))
+                         **measure(Hq, Hkv, hd, T, window, args.sliding_window, tuple(args.splits), tuple(args.tune)))
                 results.append(r)
                 forced = {n: r[f"triton_s{n}_us"] for n in args.splits}
                 best = min(forced, key=forced.get) if forced else None
@@ -113,6 +125,10 @@ def main() -> None:
                 print(f"| {shape} | {T} | {window} | {r['triton_us']:.1f} | {r['reference_us']:.1f} | "
                       f"{r['reference_us'] / r['triton_us']:.2f}x | {r['splits']} | {best_cell} | "
                       f"{r['max_abs_err']:.2e} |", flush=True)
+                for tune in args.tune:
+                    m, st = (int(x) for x in tune.split(":"))
+                    print(f"|   forced BLOCK_M {m or 'plan'}, stages {st or 'plan'} | {T} | {window} | "
+                          f"{r[f'triton_m{m}_st{st}_us']:.1f} | | | | | |", flush=True)
     summary = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "dtype": "bfloat16", "sliding_window": args.sliding_window, "results": results}
     if args.out:

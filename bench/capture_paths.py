@@ -142,6 +142,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--capture-max-len", type=int, default=8192,
+                    help="training's data.max_length: sets the largest capture bucket, as training does "
+                         "(a sequence past it is captured alone at its own length)")
     ap.add_argument("--no-cudnn-attention", action="store_true",
                     help="keep cuDNN's fused attention out of every SDPA call of the process")
     args = ap.parse_args()
@@ -152,7 +155,7 @@ def main() -> None:
     target = load_target(TargetConfig(path=args.target, dtype=args.dtype), dev)
     draft = load_draft(args.draft, target).eval() if args.draft else None
     draft32 = load_draft(args.draft, target).float().eval() if args.draft else None
-    bucketed = BucketedCapture(target, max_len=4096, use_graphs=dev.type == "cuda")
+    bucketed = BucketedCapture(target, max_len=args.capture_max_len, use_graphs=dev.type == "cuda")
     piece = (draft.arch.block_size + 1) if draft is not None else 17
     rows, served_prompts, agree = [], [], {"taught_right": 0, "served_right": 0, "served32_right": 0, "same": 0, "n": 0}
     for prompt in read_prompts(resolve_prompts_path(args.prompts))[: args.num_prompts]:
@@ -168,7 +171,8 @@ def main() -> None:
         served = serving_capture(target, x, min(t, 128), piece)
         with varlen_sdpa():  # the same forward with cuDNN's attention excluded, as training's captures run
             served_nocudnn = serving_capture(target, x, min(t, 128), piece)
-        row = {"tokens": t, "bucketed_vs_eager": rel(graph, eager), "serving_vs_eager": rel(served, eager),
+        row = {"tokens": t, "bucket": bucketed.bucket(t) if bucketed.bucket(t) <= bucketed.max_bucket else None,
+               "bucketed_vs_eager": rel(graph, eager), "serving_vs_eager": rel(served, eager),
                "serving_without_cudnn_vs_eager": rel(served_nocudnn, eager),
                "aux_nonfinite": {"eager": int((~torch.isfinite(eager)).sum()),
                                  "serving": int((~torch.isfinite(served)).sum())},

@@ -172,6 +172,19 @@ def test_kernel_16_bit(dtype, tol):
     torch.testing.assert_close(got.float().cpu(), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("row_tile, num_stages", [(16, 3), (64, None), (32, 4)])
+def test_forced_launch_shapes_match_reference(row_tile, num_stages):
+    """A row tile smaller than the rows (68 rows of an 8B verify: several row blocks over the same
+    K/V) and a deeper pipeline give the reference's result too, as the timing alternatives must."""
+    hd, T, G, window = 64, 17, 4, 300
+    q, k, v, positions = _inputs(T, 2, G, hd, window + 8, window, window - 1, seed=3)
+    k[:, window:] = v[:, window:] = HUGE
+    want = ref.decode_attention(q, k, v, positions, window, hd**-0.5)
+    got = kernels.decode_attention_triton(q.to(DEV), k.to(DEV), v.to(DEV), positions.to(DEV), window, hd**-0.5,
+                                          num_splits=2, row_tile=row_tile, num_stages=num_stages)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+
+
 def test_dispatcher_takes_the_reference_off_cuda_and_for_long_inputs():
     q, k, v, positions = _inputs(kernels.MAX_TRITON_QUERIES + 1, 2, 3, 16, 48, 48, 40)
     want = ref.decode_attention(q, k, v, positions, 48, 0.25)
@@ -183,7 +196,7 @@ def test_registered_op():
         pytest.skip("torch < 2.6: no triton_op, the kernel launches directly")
     schema = torch.ops.splitserve.decode_attention.default._schema
     assert [a.name for a in schema.arguments] == ["q", "k_cache", "v_cache", "positions", "window", "scale",
-                                                  "sliding_window", "num_splits"], schema
+                                                  "sliding_window", "num_splits", "row_tile", "num_stages"], schema
     assert not any(a.alias_info for a in schema.arguments), schema  # mutates nothing
 
 

@@ -75,20 +75,25 @@ def decode_attention_triton(
     sliding_window: int | None = None,
     *,
     num_splits: int | None = None,
+    row_tile: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as the reference. num_splits: force the split count (tests); None picks it
-    from the window and the SM count."""
+    """Same contract as the reference. num_splits, row_tile (BLOCK_M, a power of two >= 16) and
+    num_stages (software pipelining depth) force the launch shape, for tests and for timing
+    alternatives (bench/attention_gpu.py); None picks each as `plan` does."""
     assert sliding_window is None or sliding_window > 0, sliding_window
-    return _op(q, k_cache, v_cache, positions, int(window), float(scale), sliding_window or 0, num_splits or 0)
+    assert row_tile is None or (row_tile >= 16 and row_tile & (row_tile - 1) == 0), row_tile
+    return _op(q, k_cache, v_cache, positions, int(window), float(scale), sliding_window or 0, num_splits or 0,
+               row_tile or 0, num_stages or 0)
 
 
-def plan(rows: int, Hkv: int, hd: int, window: int, device: torch.device, num_splits: int = 0):
+def plan(rows: int, Hkv: int, hd: int, window: int, device: torch.device, num_splits: int = 0, row_tile: int = 0):
     """Launch shape for rows = G*T query rows per kv head -> (BLOCK_M, BLOCK_KV, row blocks,
     splits, tiles per split). The row tile is capped so the fp32 accumulator (BLOCK_M, hd) stays
     in registers; past the cap the rows take several programs that read the same K/V (from L2).
     Splits aim at PROGRAMS_PER_SM programs per SM (PROGRAMS_PER_SM_FULL_ROWS from FULL_ROWS
-    rows on), with at least one tile each."""
-    block_m = min(max(16, triton.next_power_of_2(rows)), 128 if hd <= 128 else 64)
+    rows on), with at least one tile each. row_tile > 0 forces BLOCK_M."""
+    block_m = row_tile or min(max(16, triton.next_power_of_2(rows)), 128 if hd <= 128 else 64)
     block_kv = 64 if hd <= 128 else 32
     row_blocks = triton.cdiv(rows, block_m)
     tiles = triton.cdiv(window, block_kv)
@@ -192,8 +197,10 @@ if HAS_TRITON:
 
 
 def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
-            window: int, scale: float, sliding_window: int, num_splits: int) -> torch.Tensor:
-    """The body of the registered op; sliding_window 0 = none, num_splits 0 = automatic."""
+            window: int, scale: float, sliding_window: int, num_splits: int, row_tile: int = 0,
+            num_stages: int = 0) -> torch.Tensor:
+    """The body of the registered op; sliding_window 0 = none; num_splits, row_tile, num_stages
+    0 = automatic."""
     T, Hq, hd = q.shape
     Hkv = k_cache.shape[0]
     G = Hq // Hkv
@@ -201,7 +208,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, posit
     assert hd in HEAD_DIMS and k_cache.shape[2] == hd, (hd, k_cache.shape)
     assert 0 < window <= k_cache.shape[1], (window, k_cache.shape)
     rows = G * T
-    block_m, block_kv, row_blocks, splits, tiles_per_split = plan(rows, Hkv, hd, window, q.device, num_splits)
+    block_m, block_kv, row_blocks, splits, tiles_per_split = plan(rows, Hkv, hd, window, q.device, num_splits, row_tile)
     rows_pad = row_blocks * block_m
     out = torch.empty(T, Hq, hd, dtype=q.dtype, device=q.device)  # (T, Hq, hd)
     if splits > 1:
@@ -217,7 +224,8 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, posit
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         G=G, HD=hd, BLOCK_M=block_m, BLOCK_KV=block_kv, HAS_SW=sliding_window > 0, SINGLE=splits == 1,
-        PREC=prec, num_warps=8 if block_m * hd >= 128 * 128 else 4, num_stages=2, **pdl_args(q))
+        PREC=prec, num_warps=8 if block_m * hd >= 128 * 128 else 4, num_stages=num_stages or 2,
+        **pdl_args(q))
     if splits > 1:
         s_block = triton.next_power_of_2(splits)
         wrap_triton(_merge_kernel)[(Hkv, rows)](
