@@ -114,15 +114,24 @@ def test_kernel_matches_reference(hd, T, G, window, sliding_window, num_splits, 
 
 
 @pytest.mark.parametrize("num_splits", [None, 3])
-def test_kernel_serves_a_draft_block_that_sees_itself_whole(num_splits):
+@pytest.mark.parametrize("expanded", [False, True])
+def test_kernel_serves_a_draft_block_that_sees_itself_whole(num_splits, expanded):
     """The draft's round: γ queries that all read slots 0..last (context, then their whole block),
-    with stale slots above `last` in the window."""
+    with stale slots above `last` in the window. The draft passes its block's last slot expanded
+    to every query (models/layers.py, stride 0), so the kernel must read positions through their
+    stride: here the memory after that one element holds -1, where nothing is visible."""
     hd, T, G, window, last = 64, 16, 2, 300, 250
     q, k, v, _ = _inputs(T, 2, G, hd, window + 8, window, last, seed=1)
     k[:, last + 1:] = v[:, last + 1:] = HUGE
-    positions = torch.full((T,), last)
-    want = _naive(q, k, v, positions, window, hd**-0.5)
-    got = kernels.decode_attention_triton(q.to(DEV), k.to(DEV), v.to(DEV), positions.to(DEV), window, hd**-0.5,
+    if expanded:
+        slots = torch.full((T + 1,), -1, device=DEV)
+        slots[0] = last
+        positions = slots[:1].expand(T)
+        assert positions.stride(0) == 0
+    else:
+        positions = torch.full((T,), last, device=DEV)
+    want = _naive(q, k, v, positions.cpu(), window, hd**-0.5)
+    got = kernels.decode_attention_triton(q.to(DEV), k.to(DEV), v.to(DEV), positions, window, hd**-0.5,
                                           num_splits=num_splits)
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
 
@@ -217,3 +226,41 @@ def test_traceable_and_capturable_on_cuda():
         positions.copy_(torch.arange(last - 2, last + 1))
         graph.replay()
         torch.testing.assert_close(out, ref.decode_attention(q, k, v, positions, 256, 0.125), rtol=1e-4, atol=1e-5)
+
+
+def test_a_draft_block_through_the_kernel_equals_it_through_sdpa():
+    """The model's own call, not a hand-made one: DSpark's cached block (models/layers.py hands the
+    kernel its last slot expanded over the queries) through the kernel and through SDPA under the
+    context mask give the same hidden states and tokens at every anchor, far into a context."""
+    from tiny import tiny_draft, tiny_target
+
+    from splitserve.speculative.drafter import engine_drafter
+
+    target = tiny_target(seed=2, hidden=64)  # head_dim 16, a kernel head size
+    torch.manual_seed(0)
+    draft = tiny_draft(target, block_size=4, markov_rank=8, layers=2).eval()
+    ids = torch.randint(0, 90, (1, 150), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        aux = target.capture(ids).aux.to(DEV)
+    draft, ids, cap = draft.to(DEV), ids.to(DEV), 160
+    states = {}
+
+    def keep(_m, _i, out):
+        states["h"] = out.detach().clone()
+
+    hook = draft.norm.register_forward_hook(keep)
+    try:
+        for p in (5, 63, 64, 65, 140):  # around a 64-slot K/V tile
+            got = {}
+            for name, attend in (("kernel", kernels.decode_attention_triton), ("sdpa", None)):
+                drafter = engine_drafter(draft, cap, DEV, attend)
+                with torch.no_grad():
+                    drafter.commit(aux[:, :p], torch.zeros((), dtype=torch.long, device=DEV), ids[0, 1:p + 1], p - 1)
+                    tokens = drafter.propose(ids[0, p], torch.tensor(p, device=DEV), window=cap)[0]
+                got[name] = (states["h"], tokens)
+            (h_k, t_k), (h_s, t_s) = got["kernel"], got["sdpa"]
+            assert torch.isfinite(h_k).all(), p
+            torch.testing.assert_close(h_k.cpu(), h_s.cpu(), rtol=1e-4, atol=1e-4)
+            assert torch.equal(t_k, t_s), (p, t_k, t_s)
+    finally:
+        hook.remove()

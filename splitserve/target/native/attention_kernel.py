@@ -59,7 +59,8 @@ def decode_attention(
     scale: float,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """q (T, Hq, hd), k_cache / v_cache (Hkv, L, hd), positions (T,) int64 -> out (T, Hq, hd)."""
+    """q (T, Hq, hd), k_cache / v_cache (Hkv, L, hd), positions (T,) int64, any stride (a draft block
+    passes one slot expanded) -> out (T, Hq, hd)."""
     if triton_usable(q) and q.shape[0] <= MAX_TRITON_QUERIES and q.shape[-1] in HEAD_DIMS:
         return decode_attention_triton(q, k_cache, v_cache, positions, window, scale, sliding_window)
     return reference.decode_attention(q, k_cache, v_cache, positions, window, scale, sliding_window)
@@ -116,7 +117,7 @@ if HAS_TRITON:
     @triton.jit
     def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, acc_ptr, m_ptr, l_ptr,
                       T, window, sliding, tiles_per_split, qk_scale: tl.constexpr, rows_pad,
-                      sqt, sqh, sqd, skh, skl, skd, svh, svl, svd, sot, soh,
+                      sqt, sqh, sqd, spt, skh, skl, skd, svh, svl, svd, sot, soh,
                       G: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_KV: tl.constexpr,
                       HAS_SW: tl.constexpr, SINGLE: tl.constexpr, PREC: tl.constexpr, USE_PDL: tl.constexpr):
         # Program (h, s, b): rows b*BLOCK_M.. of kv head h (row r = query r // G of head h*G + r % G,
@@ -130,7 +131,9 @@ if HAS_TRITON:
         d = tl.arange(0, HD)
         q = tl.load(q_ptr + t[:, None] * sqt + head[:, None] * sqh + d[None, :] * sqd,
                     mask=row_ok[:, None], other=0.0)  # (BLOCK_M, HD)
-        pos = tl.load(pos_ptr + t, mask=row_ok, other=0).to(tl.int32)  # (BLOCK_M,)
+        # positions through its stride: a draft block passes its last slot expanded to every query
+        # (stride 0), and reading it as contiguous would take the bytes after that one element
+        pos = tl.load(pos_ptr + t * spt, mask=row_ok, other=0).to(tl.int32)  # (BLOCK_M,)
 
         lo = s * tiles_per_split * BLOCK_KV
         # Slots above every row's position are invisible to all: stop there.
@@ -221,7 +224,8 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, posit
     wrap_triton(_split_kernel)[(Hkv, splits, row_blocks)](
         q, k_cache, v_cache, positions, out, acc, m, l_sum,
         T, window, sliding_window, tiles_per_split, scale * LOG2E, rows_pad,
-        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0), q.stride(1), q.stride(2), positions.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         G=G, HD=hd, BLOCK_M=block_m, BLOCK_KV=block_kv, HAS_SW=sliding_window > 0, SINGLE=splits == 1,
         PREC=prec, num_warps=8 if block_m * hd >= 128 * 128 else 4, num_stages=num_stages or 2,

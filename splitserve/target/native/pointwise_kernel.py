@@ -53,7 +53,7 @@ def rope_and_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_no
     k, v written into k_cache/v_cache (Hkv, L, hd)."""
     if triton_usable(qkv) and _pow2(k_cache.shape[-1]):
         return _rope_and_write_op(qkv.contiguous(), cos.contiguous(), sin.contiguous(), q_norm, k_norm, eps,
-                                  k_cache, v_cache, positions, num_heads)
+                                  k_cache, v_cache, positions.contiguous(), num_heads)  # read as contiguous
     return reference.rope_and_write(qkv, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, positions, num_heads)
 
 
