@@ -10,6 +10,7 @@
 # Work in $WORK (default /tmp/public_shape); results copied to $OUT when it is set. BATCH (16) is the
 # training batch: a smaller one gives more steps in the same minutes. CONTEXT_WINDOW=N trains the
 # draft with draft.context_window=N, and so serves it (the window is part of the draft's arch).
+# REPEATED=0 leaves out the repeated-turn bench, PROBE=0 the probe (a short GPU session).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env  # the probe below runs splitserve itself
@@ -25,8 +26,11 @@ echo "[workload] train $(date +%T)"
 TRAIN="$WORK/rows.jsonl" MAX_LENGTH=7424 BATCH=${BATCH:-16} bash bench/public_shape_gpu.sh train "$MINUTES"
 echo "[workload] bench uniform $(date +%T)"
 TAG=_uniform bash bench/public_shape_gpu.sh bench "$REQUESTS"
-echo "[workload] bench repeated turns $(date +%T)"
-TAG=_repeated RANDOM_SOURCE="$DATA/heldout_prompts.jsonl" bash bench/public_shape_gpu.sh bench "$REQUESTS"
+if [ "${REPEATED:-1}" = 1 ]; then
+    echo "[workload] bench repeated turns $(date +%T)"
+    TAG=_repeated RANDOM_SOURCE="$DATA/heldout_prompts.jsonl" bash bench/public_shape_gpu.sh bench "$REQUESTS"
+fi
+[ "${PROBE:-1}" = 1 ] || { echo "[workload] done $(date +%T)"; exit 0; }
 echo "[workload] probe $(date +%T)"
 # The training rows' own prompts (a row file serves the ids before its first trained token). A draft
 # that accepts there but not on held-out prompts has learnt its rows, not the workload; one that
