@@ -59,6 +59,13 @@ def pdl_usable(t: torch.Tensor) -> bool:
     return _major(t.device.index if t.device.index is not None else torch.cuda.current_device()) >= 9
 
 
+def compute_major(t: torch.Tensor) -> int:
+    """The compute capability's major version of CUDA tensor `t`'s device; 0 off CUDA."""
+    if not t.is_cuda:
+        return 0
+    return _major(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
 @functools.lru_cache(maxsize=None)
 def _major(index: int) -> int:
     """The compute capability's major version of CUDA device `index` (asked once: every launch asks)."""

@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from splitserve.accel import HAS_TRITON, pdl_args, triton_op, triton_usable, wrap_triton
+from splitserve.accel import HAS_TRITON, compute_major, pdl_args, triton_op, triton_usable, wrap_triton
 from splitserve.target.native import attention as reference
 
 if HAS_TRITON:
@@ -44,6 +44,13 @@ PROGRAMS_PER_SM_FULL_ROWS = 1
 FULL_ROWS = 32  # rows per kv head from which a program counts as a verify one
 DEFAULT_SMS = 132  # an H200; used when the tensors are not on CUDA (the interpreter)
 MAX_SPLITS = 64  # the merge kernel holds all splits of a row at once
+# A verify program's K/V loads pipelined three deep instead of two, on Hopper at hd >= 128: at the
+# 8B shape (68 rows, hd 128) on an H100 the kernel took 23.0 µs instead of 29.9 at an 8,192 window
+# and 13.7 instead of 14.9 at 2,048 (docs/results/head_options_h100.md, "Verify attention").
+# Three stages of K and V tiles take about 96 KB of shared memory at hd 128, which Hopper holds and
+# smaller parts may not. Decode's few rows keep two: three were not measured at their own tile.
+STAGES = 2
+STAGES_FULL_ROWS_HOPPER = 3
 LOG2E = 1.4426950408889634
 
 
@@ -220,6 +227,8 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, posit
         l_sum = torch.empty_like(m)
     else:  # unused by the kernel
         acc = m = l_sum = out
+    if not num_stages:
+        num_stages = STAGES_FULL_ROWS_HOPPER if rows >= FULL_ROWS and hd >= 128 and compute_major(q) >= 9 else STAGES
     prec = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 in, fp32 products: no TF32 rounding
     wrap_triton(_split_kernel)[(Hkv, splits, row_blocks)](
         q, k_cache, v_cache, positions, out, acc, m, l_sum,
@@ -228,7 +237,7 @@ def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, posit
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         G=G, HD=hd, BLOCK_M=block_m, BLOCK_KV=block_kv, HAS_SW=sliding_window > 0, SINGLE=splits == 1,
-        PREC=prec, num_warps=8 if block_m * hd >= 128 * 128 else 4, num_stages=num_stages or 2,
+        PREC=prec, num_warps=8 if block_m * hd >= 128 * 128 else 4, num_stages=num_stages,
         **pdl_args(q))
     if splits > 1:
         s_block = triton.next_power_of_2(splits)
