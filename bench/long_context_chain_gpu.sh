@@ -34,7 +34,7 @@ split)
     source bench/device_smollm2.sh env
     export PYTHONUNBUFFERED=1
     mkdir -p "$ROOT"
-    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    [ -n "${IN_CHAIN:-}" ] || nvidia-smi --query-gpu=name,memory.total --format=csv,noheader  # run printed it
     target=()
     if [ -n "${SHAPE:-}" ]; then
         python3 bench/split_gpu.py shape-target --like "$SHAPE" --out "$ROOT/shape_target"
@@ -66,7 +66,7 @@ run)
     export PYTHONUNBUFFERED=1 DATA="$ROOT/data"
     NUM=$2 MINUTES=$3 REQUESTS=$4
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-    if [ "${SPLIT:-1}" = 1 ]; then bash "$0" split; fi
+    if [ "${SPLIT:-1}" = 1 ]; then IN_CHAIN=1 bash "$0" split; fi
     echo "[chain] workload draft $(date +%T)"
     WORK="$ROOT/workload" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 \
         || echo "[chain] workload draft failed"
