@@ -63,8 +63,13 @@ def time_per_call(graph: torch.cuda.CUDAGraph, n_calls: int) -> float:
     return statistics.median(times)
 
 
+def tune_name(block_m: int, stages: int) -> str:
+    """The implementation name of a forced BLOCK_M:STAGES launch shape (0: the plan's)."""
+    return f"triton_m{block_m}_st{stages}"
+
+
 def measure(Hq: int, Hkv: int, hd: int, T: int, window: int, sliding_window: int | None,
-            forced_splits: tuple[int, ...] = (), tunings: tuple[str, ...] = ()) -> dict:
+            forced_splits: tuple[int, ...] = (), tunings: tuple[tuple[int, int], ...] = ()) -> dict:
     dev, dt = torch.device("cuda"), torch.bfloat16
     kv_bytes = 2 * Hkv * window * hd * dt.itemsize
     copies = min(-(-COLD_BYTES // kv_bytes), 1000)
@@ -78,9 +83,8 @@ def measure(Hq: int, Hkv: int, hd: int, T: int, window: int, sliding_window: int
     impls = {"triton": attention_kernel.decode_attention_triton, "reference": attention.decode_attention}
     for n in forced_splits:
         impls[f"triton_s{n}"] = lambda *a, n=n: attention_kernel.decode_attention_triton(*a, num_splits=n)
-    for tune in tunings:
-        m, st = (int(x) for x in tune.split(":"))
-        impls[f"triton_m{m}_st{st}"] = lambda *a, m=m, st=st: attention_kernel.decode_attention_triton(
+    for m, st in tunings:
+        impls[tune_name(m, st)] = lambda *a, m=m, st=st: attention_kernel.decode_attention_triton(
             *a, row_tile=m or None, num_stages=st or None)
     row = {}
     outs = {name: fn(q, *caches[0], positions, window, scale, sliding_window).float() for name, fn in impls.items()}
@@ -105,6 +109,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, nargs="*", default=list(QUERIES))
     ap.add_argument("--windows", type=int, nargs="*", default=list(WINDOWS))
     args = ap.parse_args()
+    tunings = tuple(tuple(int(x) for x in tune.split(":")) for tune in args.tune)  # (BLOCK_M, STAGES)
     assert torch.cuda.is_available() and attention_kernel.HAS_TRITON, "needs a CUDA GPU and triton"
     import triton
 
@@ -117,7 +122,7 @@ def main() -> None:
         for T in args.queries:
             for window in args.windows:
                 r = dict(shape=shape, Hq=Hq, Hkv=Hkv, hd=hd, T=T, window=window,
-                         **measure(Hq, Hkv, hd, T, window, args.sliding_window, tuple(args.splits), tuple(args.tune)))
+                         **measure(Hq, Hkv, hd, T, window, args.sliding_window, tuple(args.splits), tunings))
                 results.append(r)
                 forced = {n: r[f"triton_s{n}_us"] for n in args.splits}
                 best = min(forced, key=forced.get) if forced else None
@@ -125,10 +130,9 @@ def main() -> None:
                 print(f"| {shape} | {T} | {window} | {r['triton_us']:.1f} | {r['reference_us']:.1f} | "
                       f"{r['reference_us'] / r['triton_us']:.2f}x | {r['splits']} | {best_cell} | "
                       f"{r['max_abs_err']:.2e} |", flush=True)
-                for tune in args.tune:
-                    m, st = (int(x) for x in tune.split(":"))
+                for m, st in tunings:
                     print(f"|   forced BLOCK_M {m or 'plan'}, stages {st or 'plan'} | {T} | {window} | "
-                          f"{r[f'triton_m{m}_st{st}_us']:.1f} | | | | | |", flush=True)
+                          f"{r[tune_name(m, st) + '_us']:.1f} | | | | | |", flush=True)
     summary = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "dtype": "bfloat16", "sliding_window": args.sliding_window, "results": results}
     if args.out:

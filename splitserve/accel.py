@@ -56,7 +56,7 @@ def pdl_usable(t: torch.Tensor) -> bool:
     launched this way is correct after any other kernel. SPLITSERVE_PDL=0 turns it off."""
     if not (triton_usable(t) and _HAS_GDC) or os.environ.get("SPLITSERVE_PDL", "1") == "0":
         return False
-    return _major(t.device.index if t.device.index is not None else torch.cuda.current_device()) >= 9
+    return compute_major(t) >= 9
 
 
 def compute_major(t: torch.Tensor) -> int:
