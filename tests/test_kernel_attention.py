@@ -232,6 +232,7 @@ def test_a_draft_block_through_the_kernel_equals_it_through_sdpa():
     """The model's own call, not a hand-made one: DSpark's cached block (models/layers.py hands the
     kernel its last slot expanded over the queries) through the kernel and through SDPA under the
     context mask give the same hidden states and tokens at every anchor, far into a context."""
+    from floats import assert_float32_close, assert_tie_free
     from tiny import tiny_draft, tiny_target
 
     from splitserve.speculative.drafter import engine_drafter
@@ -263,7 +264,9 @@ def test_a_draft_block_through_the_kernel_equals_it_through_sdpa():
                 got[name] = (states["h"], tokens)
             (h_k, t_k), (h_s, t_s) = got["kernel"], got["sdpa"]
             assert torch.isfinite(h_k).all(), p
-            torch.testing.assert_close(h_k.cpu(), h_s.cpu(), rtol=1e-4, atol=1e-4)
+            assert_float32_close(h_k.cpu(), h_s.cpu())
+            with torch.no_grad():  # the block's greedy chain: each slot after the anchor's previous token
+                assert_tie_free(draft.logits(h_s[0], torch.cat([ids[0, p:p + 1], t_s[:-1]])))
             assert torch.equal(t_k, t_s), (p, t_k, t_s)
     finally:
         hook.remove()
