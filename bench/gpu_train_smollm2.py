@@ -1,7 +1,7 @@
 """Train the quickstart draft on a GPU for a few minutes, then measure held-out τ.
 
     python bench/gpu_train_smollm2.py --train TRAIN.jsonl --prompts PROMPTS.jsonl \
-        --minutes 5 --out OUT_DIR [--gamma 8] [--layers 2] [--max-length 1024] [--batch-size 16] \
+        --minutes 5 --out OUT_DIR [--max-steps N] [--gamma 8] [--layers 2] [--max-length 1024] [--batch-size 16] \
         [--anchors 64] [--eval-prompts 40] [--context-window 0]
 
 The same code path as `splitserve train experiment=quickstart` (in-process target, paper
@@ -23,6 +23,9 @@ def main() -> None:
     ap.add_argument("--train", required=True)
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--minutes", type=float, default=5)
+    ap.add_argument("--max-steps", type=int, default=100000,
+                    help="stop at this step if the minutes last that long: a run that shares its GPU with others "
+                         "then trains the same steps, only slower")
     ap.add_argument("--gamma", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--max-samples", type=int, default=None)
@@ -40,7 +43,7 @@ def main() -> None:
                           context_window=args.context_window),
         data=DataConfig(train_path=args.train, heldout_prompts=args.prompts, max_length=args.max_length,
                         max_samples=args.max_samples),
-        train=TrainConfig(max_steps=100000, max_minutes=args.minutes, batch_size=args.batch_size, anchors_per_seq=args.anchors,
+        train=TrainConfig(max_steps=args.max_steps, max_minutes=args.minutes, batch_size=args.batch_size, anchors_per_seq=args.anchors,
                           lr=1e-3, warmup_steps=50, log_every=50, save_every=100000),
         eval=EvalConfig(num_prompts=args.eval_prompts, max_new_tokens=96),
         run_dir=args.out,

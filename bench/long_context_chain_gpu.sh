@@ -14,6 +14,14 @@
 #                                                                     random-weight target of SmolLM2's shape
 #   bash bench/long_context_chain_gpu.sh wait SECONDS                 follows its log until it ends or SECONDS pass
 #   bash bench/long_context_chain_gpu.sh collect                      copies the results to $OUT
+# FAMILIES=1 adds the draft-family comparison (bench/family_compare_gpu.sh, docs/results/families_h200.md)
+# beside step 2, overlapped where only steps or τ are measured and alone where time is:
+#   families: gen (the target's own first replies to FAMILY_ROWS chitchat rows; 0: train on .whl/data as it is)
+#             -> train (every family, both seeds, FAMILY_STEPS steps) -> held-out evaluation (τ)
+#   workload: rows -> training (WORKLOAD_STEPS steps, MINUTES at most)      (the two at once)
+#   then, one at a time: the workload bench (7,000/1,024), each family's bench (FAMILY_REQUESTS).
+# GPU_TESTS="PYTEST ARGS" runs those tests after the workload's training, beside the families' evaluation.
+# Training stops at a step count there, so sharing the GPU makes it slower, not different.
 # Everything lives under $ROOT (default /tmp/chain43), so later calls may replace the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,8 +76,31 @@ run)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     if [ "${SPLIT:-1}" = 1 ]; then IN_CHAIN=1 bash "$0" split; fi
     echo "[chain] workload draft $(date +%T)"
-    WORK="$ROOT/workload" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 \
-        || echo "[chain] workload draft failed"
+    if [ "${FAMILIES:-0}" = 1 ]; then
+        fam() { WORK="$ROOT/families" MAX_STEPS=${FAMILY_STEPS:-800} PROMPTS=${FAMILY_PROMPTS:-20} \
+            NEW_TOKENS=${FAMILY_NEW_TOKENS:-128} bash bench/family_compare_gpu.sh "$@"; }
+        { if [ "${FAMILY_ROWS:-3500}" -gt 0 ]; then echo "[chain] families gen $(date +%T)"; fam gen "${FAMILY_ROWS:-3500}"; fi &&
+          echo "[chain] families train $(date +%T)" && fam train 60 && echo "[chain] families eval $(date +%T)" && fam eval; } \
+            > "$ROOT/families.log" 2>&1 &
+        families=$!
+        WORK="$ROOT/workload" STAGES="rows train" STEPS=${WORKLOAD_STEPS:-100000} \
+            bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 || echo "[chain] workload draft failed"
+        if [ -n "${GPU_TESTS:-}" ]; then
+            echo "[chain] tests $(date +%T)"
+            # shellcheck disable=SC2086  # pytest arguments
+            python3 -m pytest -q -p no:cacheprovider $GPU_TESTS > "$ROOT/gpu_tests.log" 2>&1 || true
+            tail -n 3 "$ROOT/gpu_tests.log"
+        fi
+        wait "$families" || echo "[chain] families train or eval failed"
+        grep -E "^\[chain\]|exit|^\| draft=" "$ROOT/families.log" || tail -n 20 "$ROOT/families.log"
+        WORK="$ROOT/workload" STAGES="bench probe" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 \
+            || echo "[chain] workload bench failed"
+        echo "[chain] families bench $(date +%T)"
+        fam bench "${FAMILY_REQUESTS:-20}" 2>&1 || echo "[chain] families bench failed"
+    else
+        WORK="$ROOT/workload" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 \
+            || echo "[chain] workload draft failed"
+    fi
     echo "[chain] done $(date +%T)"
     ;;
 wait)
@@ -91,7 +122,11 @@ collect)
     # The workload bench's results, which a chain started in an earlier call wrote under $ROOT only:
     # JSON alone (it holds each table too), since a call brings back at most 8 files.
     cp "$ROOT"/workload/bench*.json "$ROOT"/workload/capture_paths.json "$out/" 2>/dev/null || true
-    tar czf "$out/logs.tar.gz" -C "$ROOT" --exclude='*.pt' --exclude='*.safetensors' --exclude='*.bin' \
+    if [ -d "$ROOT/families" ]; then  # results.tar.gz and logs.tar.gz, the layout bench/family_compare.py reads
+        mkdir -p "$out/families"
+        WORK="$ROOT/families" OUT="$out/families" bash bench/family_compare_gpu.sh collect > /dev/null || true
+    fi
+    tar czf "$out/logs.tar.gz" -C "$ROOT" --exclude='families' --exclude='*.pt' --exclude='*.safetensors' --exclude='*.bin' \
         --exclude='rows.jsonl' --exclude='data' --exclude='long32k.jsonl' --exclude='global_step*' . 2>/dev/null || true
     ls -la "$out"
     ;;

@@ -6,7 +6,8 @@
 # train.jsonl / heldout_prompts.jsonl in $DATA):
 #   bash bench/public_shape_gpu.sh train MINUTES     the quickstart recipe on the GPU (bench/gpu_train_smollm2.py);
 #                                                    TRAIN (default $DATA/train.jsonl), MAX_LENGTH (1024), BATCH (16),
-#                                                    EVAL_PROMPTS (40), CONTEXT_WINDOW (0: the whole context)
+#                                                    EVAL_PROMPTS (40), CONTEXT_WINDOW (0: the whole context),
+#                                                    STEPS (a step cap inside the MINUTES; default none)
 #   bash bench/public_shape_gpu.sh rows NUM          the target's own continuations of NUM workload-like prompts
 #                                                    (bench/workload_rows.py; SOURCES, default "uniform") into
 #                                                    $WORK/rows.jsonl, to train on with TRAIN=$WORK/rows.jsonl
@@ -35,7 +36,7 @@ rows)
     ;;
 train)
     python3 bench/gpu_train_smollm2.py --train "${TRAIN:-$DATA/train.jsonl}" --prompts "$DATA/heldout_prompts.jsonl" \
-        --minutes "${2:?MINUTES}" --gamma "${GAMMA:-16}" --layers "${LAYERS:-4}" --out "$WORK/run" \
+        --minutes "${2:?MINUTES}" --max-steps "${STEPS:-100000}" --gamma "${GAMMA:-16}" --layers "${LAYERS:-4}" --out "$WORK/run" \
         --max-length "${MAX_LENGTH:-1024}" --batch-size "${BATCH:-16}" --eval-prompts "${EVAL_PROMPTS:-40}" \
         --context-window "${CONTEXT_WINDOW:-0}" \
         > "$WORK/train.log" 2>&1 || { tail -n 30 "$WORK/train.log"; exit 1; }

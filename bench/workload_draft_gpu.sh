@@ -10,7 +10,9 @@
 # Work in $WORK (default /tmp/public_shape); results copied to $OUT when it is set. BATCH (16) is the
 # training batch: a smaller one gives more steps in the same minutes. CONTEXT_WINDOW=N trains the
 # draft with draft.context_window=N, and so serves it (the window is part of the draft's arch).
-# REPEATED=0 leaves out the repeated-turn bench, PROBE=0 the probe (a short GPU session).
+# REPEATED=0 leaves out the repeated-turn bench, PROBE=0 the probe (a short GPU session). STAGES
+# (default "rows train bench probe") runs only the stages named, in that order, on the same $WORK:
+# a chain that shares the GPU while rows and training run can bench alone afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env  # the probe below runs splitserve itself
@@ -20,17 +22,25 @@ REQUESTS=${3:?REQUESTS per bench}
 export DATA=${DATA:-.whl/data}
 [ -f "$DATA/train.jsonl" ] || gunzip -k "$DATA/train.jsonl.gz"
 export WORK=${WORK:-/tmp/public_shape}
-echo "[workload] rows $(date +%T)"
-SOURCES="uniform $DATA/train.jsonl" MIN_LEN=500 MAX_LEN=7000 CONTINUATION=256 bash bench/public_shape_gpu.sh rows "$NUM"
-echo "[workload] train $(date +%T)"
-TRAIN="$WORK/rows.jsonl" MAX_LENGTH=7424 BATCH=${BATCH:-16} bash bench/public_shape_gpu.sh train "$MINUTES"
-echo "[workload] bench uniform $(date +%T)"
-TAG=_uniform bash bench/public_shape_gpu.sh bench "$REQUESTS"
-if [ "${REPEATED:-1}" = 1 ]; then
-    echo "[workload] bench repeated turns $(date +%T)"
-    TAG=_repeated RANDOM_SOURCE="$DATA/heldout_prompts.jsonl" bash bench/public_shape_gpu.sh bench "$REQUESTS"
+STAGES=" ${STAGES:-rows train bench probe} "
+[ "${PROBE:-1}" = 1 ] || STAGES=${STAGES/ probe / }
+if [[ $STAGES == *" rows "* ]]; then
+    echo "[workload] rows $(date +%T)"
+    SOURCES="uniform $DATA/train.jsonl" MIN_LEN=500 MAX_LEN=7000 CONTINUATION=256 bash bench/public_shape_gpu.sh rows "$NUM"
 fi
-[ "${PROBE:-1}" = 1 ] || { echo "[workload] done $(date +%T)"; exit 0; }
+if [[ $STAGES == *" train "* ]]; then
+    echo "[workload] train $(date +%T)"
+    TRAIN="$WORK/rows.jsonl" MAX_LENGTH=7424 BATCH=${BATCH:-16} bash bench/public_shape_gpu.sh train "$MINUTES"
+fi
+if [[ $STAGES == *" bench "* ]]; then
+    echo "[workload] bench uniform $(date +%T)"
+    TAG=_uniform bash bench/public_shape_gpu.sh bench "$REQUESTS"
+    if [ "${REPEATED:-1}" = 1 ]; then
+        echo "[workload] bench repeated turns $(date +%T)"
+        TAG=_repeated RANDOM_SOURCE="$DATA/heldout_prompts.jsonl" bash bench/public_shape_gpu.sh bench "$REQUESTS"
+    fi
+fi
+[[ $STAGES == *" probe "* ]] || { echo "[workload] done $(date +%T)"; exit 0; }
 echo "[workload] probe $(date +%T)"
 # The training rows' own prompts (a row file serves the ids before its first trained token). A draft
 # that accepts there but not on held-out prompts has learnt its rows, not the workload; one that
