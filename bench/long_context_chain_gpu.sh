@@ -18,7 +18,9 @@
 # beside step 2, overlapped where only steps or τ are measured and alone where time is:
 #   families: gen (the target's own first replies to FAMILY_ROWS chitchat rows; 0: train on .whl/data as it is)
 #             -> train (every family, both seeds, FAMILY_STEPS steps) -> held-out evaluation (τ)
-#   workload: rows -> training (WORKLOAD_STEPS steps, MINUTES at most)      (the two at once)
+#   workload: rows -> training (WORKLOAD_STEPS steps, MINUTES at most)      (the two at once, except
+#             that the workload's training waits for gen: gen's continuous batching keeps most of an
+#             80 GB card, and a training run beside it ran out of memory)
 #   then, one at a time: the workload bench (7,000/1,024), each family's bench (FAMILY_REQUESTS).
 # GPU_TESTS="PYTEST ARGS" runs those tests after the workload's training, beside the families' evaluation.
 # Training stops at a step count there, so sharing the GPU makes it slower, not different.
@@ -73,17 +75,24 @@ run)
     source bench/device_smollm2.sh env
     export PYTHONUNBUFFERED=1 DATA="$ROOT/data"
     NUM=$2 MINUTES=$3 REQUESTS=$4
+    mkdir -p "$ROOT"
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     if [ "${SPLIT:-1}" = 1 ]; then IN_CHAIN=1 bash "$0" split; fi
     echo "[chain] workload draft $(date +%T)"
     if [ "${FAMILIES:-0}" = 1 ]; then
         fam() { WORK="$ROOT/families" MAX_STEPS=${FAMILY_STEPS:-800} PROMPTS=${FAMILY_PROMPTS:-20} \
             NEW_TOKENS=${FAMILY_NEW_TOKENS:-128} bash bench/family_compare_gpu.sh "$@"; }
-        { if [ "${FAMILY_ROWS:-3500}" -gt 0 ]; then echo "[chain] families gen $(date +%T)"; fam gen "${FAMILY_ROWS:-3500}"; fi &&
+        rm -f "$ROOT/gen.done"
+        { rc=0  # gen.done whatever gen did: the workload waits on it
+          if [ "${FAMILY_ROWS:-3500}" -gt 0 ]; then echo "[chain] families gen $(date +%T)"; fam gen "${FAMILY_ROWS:-3500}" || rc=$?; fi
+          touch "$ROOT/gen.done"; [ "$rc" = 0 ] &&
           echo "[chain] families train $(date +%T)" && fam train 60 && echo "[chain] families eval $(date +%T)" && fam eval; } \
             > "$ROOT/families.log" 2>&1 &
         families=$!
-        WORK="$ROOT/workload" STAGES="rows train" STEPS=${WORKLOAD_STEPS:-100000} \
+        WORK="$ROOT/workload" STAGES="rows" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 \
+            || echo "[chain] workload rows failed"
+        while [ ! -f "$ROOT/gen.done" ]; do sleep 5; done
+        WORK="$ROOT/workload" STAGES="train" STEPS=${WORKLOAD_STEPS:-100000} \
             bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 || echo "[chain] workload draft failed"
         if [ -n "${GPU_TESTS:-}" ]; then
             echo "[chain] tests $(date +%T)"
