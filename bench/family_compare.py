@@ -146,7 +146,15 @@ def bench_table(results: Path, order: list[str]) -> tuple[str, dict]:
     return heading + "\n\n" + "\n".join(lines), out
 
 
-def plot(pooled_by: dict, served: dict, order: list[str], path: Path) -> None:
+def seeds_pooled(fams: dict) -> str:
+    """'both seeds pooled', '3 seeds pooled' or 'one seed (0)': what a pooled τ here stands for."""
+    seeds = sorted({s for by_seed in fams.values() for s in by_seed})
+    if len(seeds) == 1:
+        return f"one seed ({seeds[0]})"
+    return ("both" if len(seeds) == 2 else str(len(seeds))) + " seeds pooled"
+
+
+def plot(pooled_by: dict, served: dict, order: list[str], path: Path, pooled_label: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,7 +169,7 @@ def plot(pooled_by: dict, served: dict, order: list[str], path: Path) -> None:
     ax.set_xticks(np.arange(len(keys)) + width * (len(order) - 1) / 2)
     ax.set_xticklabels([f"{label}\nT={t:g}" for _, label in SETS for t in TEMPS])
     ax.set_ylim(bottom=1.0)  # τ counts the bonus token: 1 is drafting nothing
-    ax.set_ylabel("held-out τ (both seeds pooled)")
+    ax.set_ylabel(f"held-out τ ({pooled_label})")
     ax.set_title("acceptance length by prompt set")
     ax.legend(fontsize=8)
     fams = [f for f in order if f in served]
@@ -190,11 +198,12 @@ def main() -> None:
         taus, pooled_by = tau_table(fams, order)
         ratios = ratio_table(pooled_by, order, args.baseline, args.samples) if args.baseline in fams else ""
     serving, served = bench_table(args.results, order)
-    md = (f"### Held-out τ (bold: both seeds pooled; in brackets: seed by seed)\n\n{taus}\n\n"
+    label = seeds_pooled(fams)
+    md = (f"### Held-out τ (bold: {label}; in brackets: seed by seed)\n\n{taus}\n\n"
           f"### τ over {args.baseline}'s, paired 95% intervals over prompts\n\n{ratios}\n\n"
           f"### Served by `splitserve bench`\n\n{serving}\n")
     (out / "families.md").write_text(md)
-    plot(pooled_by, served, order, out / "families.png")
+    plot(pooled_by, served, order, out / "families.png", label)
     print(md)
     print(f"wrote {out / 'families.md'} and {out / 'families.png'}")
 
