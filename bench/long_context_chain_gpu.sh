@@ -23,6 +23,10 @@
 #             80 GB card, and a training run beside it ran out of memory)
 #   then, one at a time: the workload bench (7,000/1,024), each family's bench (FAMILY_REQUESTS).
 # GPU_TESTS="PYTEST ARGS" runs those tests after the workload's training, beside the families' evaluation.
+# FAMILY_TRAIN=ROWS.jsonl.gz (the regenerated.jsonl.gz an earlier `collect` returned) trains the families
+# on those rows and skips gen; WORKLOAD=0 leaves the workload draft out (the families alone, e.g.
+# another seed: SEEDS=1). TARGET=gemma3-270m runs the families on Gemma-3-270M (after
+# bench/device_gemma3.sh stash 0..5; set LOSS_CHUNK_ROWS=1024), with WORKLOAD=0 (the workload is SmolLM2's).
 # Training stops at a step count there, so sharing the GPU makes it slower, not different.
 # Everything lives under $ROOT (default /tmp/chain43), so later calls may replace the checkout.
 set -euo pipefail
@@ -33,6 +37,9 @@ start)
     mkdir -p "$ROOT/data"
     cp .whl/data/heldout_prompts.jsonl .whl/data/heldout.jsonl "$ROOT/data/"
     gunzip -c .whl/data/train.jsonl.gz > "$ROOT/data/train.jsonl"
+    if [ -n "${FAMILY_TRAIN:-}" ]; then
+        mkdir -p "$ROOT/families" && gunzip -c "$FAMILY_TRAIN" > "$ROOT/families/train.jsonl"
+    fi
     setsid bash "$0" run "${2:?NUM}" "${3:?MINUTES}" "${4:?REQUESTS}" > "$ROOT/chain.log" 2>&1 < /dev/null &
     sleep 2
     cat "$ROOT/chain.log"
@@ -78,22 +85,25 @@ run)
     mkdir -p "$ROOT"
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     if [ "${SPLIT:-1}" = 1 ]; then IN_CHAIN=1 bash "$0" split; fi
-    echo "[chain] workload draft $(date +%T)"
+    echo "[chain] start $(date +%T)"
     if [ "${FAMILIES:-0}" = 1 ]; then
+        if [ "${TARGET:-smollm2-135m}" = gemma3-270m ]; then source bench/device_gemma3.sh env; fi
+        workload() {  # STAGES, then workload_draft_gpu.sh's environment; nothing with WORKLOAD=0
+            [ "${WORKLOAD:-1}" = 1 ] || return 0
+            WORK="$ROOT/workload" STAGES="$1" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1
+        }
         fam() { WORK="$ROOT/families" MAX_STEPS=${FAMILY_STEPS:-800} PROMPTS=${FAMILY_PROMPTS:-20} \
             NEW_TOKENS=${FAMILY_NEW_TOKENS:-128} bash bench/family_compare_gpu.sh "$@"; }
         rm -f "$ROOT/gen.done"
         { rc=0  # gen.done whatever gen did: the workload waits on it
-          if [ "${FAMILY_ROWS:-3500}" -gt 0 ]; then echo "[chain] families gen $(date +%T)"; fam gen "${FAMILY_ROWS:-3500}" || rc=$?; fi
+          if [ "${FAMILY_ROWS:-3500}" -gt 0 ] && [ ! -f "$ROOT/families/train.jsonl" ]; then echo "[chain] families gen $(date +%T)"; fam gen "${FAMILY_ROWS:-3500}" || rc=$?; fi
           touch "$ROOT/gen.done"; [ "$rc" = 0 ] &&
           echo "[chain] families train $(date +%T)" && fam train 60 && echo "[chain] families eval $(date +%T)" && fam eval; } \
             > "$ROOT/families.log" 2>&1 &
         families=$!
-        WORK="$ROOT/workload" STAGES="rows" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 \
-            || echo "[chain] workload rows failed"
+        workload rows || echo "[chain] workload rows failed"
         while [ ! -f "$ROOT/gen.done" ]; do sleep 5; done
-        WORK="$ROOT/workload" STAGES="train" STEPS=${WORKLOAD_STEPS:-100000} \
-            bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 || echo "[chain] workload draft failed"
+        STEPS=${WORKLOAD_STEPS:-100000} workload train || echo "[chain] workload draft failed"
         if [ -n "${GPU_TESTS:-}" ]; then
             echo "[chain] tests $(date +%T)"
             # shellcheck disable=SC2086  # pytest arguments
@@ -102,11 +112,11 @@ run)
         fi
         wait "$families" || echo "[chain] families train or eval failed"
         grep -E "^\[chain\]|exit|^\| draft=" "$ROOT/families.log" || tail -n 20 "$ROOT/families.log"
-        WORK="$ROOT/workload" STAGES="bench probe" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 \
-            || echo "[chain] workload bench failed"
+        workload "bench probe" || echo "[chain] workload bench failed"
         echo "[chain] families bench $(date +%T)"
         fam bench "${FAMILY_REQUESTS:-20}" 2>&1 || echo "[chain] families bench failed"
     else
+        echo "[chain] workload draft $(date +%T)"
         WORK="$ROOT/workload" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 \
             || echo "[chain] workload draft failed"
     fi
