@@ -48,6 +48,34 @@ def test_rope_and_write(qk_norm):
         assert_float32_close(g, w)  # the written slots, and every other slot untouched
 
 
+def _stored(t, order):
+    """t's values in new storage whose dims, outermost first, are t's dims `order`: a view of t's
+    shape with other strides."""
+    inverse = sorted(range(t.dim()), key=order.index)
+    return torch.empty([t.shape[i] for i in order], dtype=t.dtype, device=t.device).permute(inverse).copy_(t)
+
+
+@pytest.mark.parametrize("k_order, v_order", [((0, 1, 2), (1, 0, 2)), ((0, 2, 1), (0, 2, 1))])
+def test_rope_and_write_caches_through_their_own_strides(k_order, v_order, monkeypatch):
+    """Caches (Hkv, L, hd) stored otherwise, as decode_attention (which reads them) accepts: v laid
+    out unlike k (slot-major), or hd not innermost. A kernel that writes v through k's strides, or
+    hd contiguously, lands k/v in other slots and leaves the right ones stale."""
+    monkeypatch.setattr(kern, "triton_usable", lambda t: True)  # the dispatcher, as the decoder calls it
+    T, Hq, Hkv, hd, L = 3, 4, 2, 16, 12
+    qkv = _randn(T, (Hq + 2 * Hkv) * hd, seed=4)
+    angles = _randn(L, hd // 2, seed=5)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # (L, hd)
+    positions = torch.tensor([7, 2, 9], device=DEV)
+    want_k, want_v = _randn(Hkv, L, hd, seed=8), _randn(Hkv, L, hd, seed=9)
+    got_k, got_v = _stored(want_k, k_order), _stored(want_v, v_order)
+    assert got_v.stride() != got_k.stride() or got_k.stride(-1) != 1  # what k's strides with hd innermost miss
+    got = kern.rope_and_write(qkv, cos, sin, None, None, 1e-6, got_k, got_v, positions, Hq)
+    want = ref.rope_and_write(qkv, cos, sin, None, None, 1e-6, want_k, want_v, positions, Hq)
+    assert_float32_close(got, want)
+    assert_float32_close(got_k, want_k)  # the written slots, and every other slot untouched
+    assert_float32_close(got_v, want_v)
+
+
 def test_silu_mul():
     gu = _randn(2, 2 * 1100, seed=10)  # F past one block
     assert_float32_close(kern._silu_mul_op(gu), ref.silu_mul(gu))

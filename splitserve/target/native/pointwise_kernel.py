@@ -50,7 +50,7 @@ def rope_and_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_no
                    k_norm: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    positions: torch.Tensor, num_heads: int) -> torch.Tensor:
     """qkv (T, (Hq + 2 Hkv) hd), cos/sin (L, hd) rotary tables read at positions (T,) -> q (T, Hq, hd);
-    k, v written into k_cache/v_cache (Hkv, L, hd)."""
+    k, v written into k_cache/v_cache (Hkv, L, hd), each of any strides (written in place: no copy)."""
     if triton_usable(qkv) and _pow2(k_cache.shape[-1]):
         return _rope_and_write_op(qkv.contiguous(), cos.contiguous(), sin.contiguous(), q_norm, k_norm, eps,
                                   k_cache, v_cache, positions.contiguous(), num_heads)  # read as contiguous
@@ -89,7 +89,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _rope_and_write_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
-                               pos_ptr, eps: tl.constexpr, stride_cache_h, stride_cache_l, Hq: tl.constexpr,
+                               pos_ptr, eps: tl.constexpr, skh, skl, skd, svh, svl, svd, Hq: tl.constexpr,
                                Hkv: tl.constexpr, HD: tl.constexpr, HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr):
         # Program (t, h): head h < Hq is query head h; else key/value head h - Hq, written to the cache.
         pdl_prologue_done(USE_PDL)
@@ -122,13 +122,16 @@ if HAS_TRITON:
             tl.store(dst + offs, o1)
             tl.store(dst + HALF + offs, o2)
         else:
+            # each cache through its own strides, as decode_attention reads them: v need not be
+            # laid out like k, nor hd be innermost (a stride of 1 compiles to the contiguous store)
             kh = h - Hq
-            slot = kh * stride_cache_h + pos * stride_cache_l
-            tl.store(k_cache_ptr + slot + offs, o1)
-            tl.store(k_cache_ptr + slot + HALF + offs, o2)
+            k_dst = k_cache_ptr + kh * skh + pos * skl
+            tl.store(k_dst + offs * skd, o1)
+            tl.store(k_dst + (HALF + offs) * skd, o2)
             v_src = row + (Hq + Hkv + kh) * HD
-            tl.store(v_cache_ptr + slot + offs, tl.load(v_src + offs))
-            tl.store(v_cache_ptr + slot + HALF + offs, tl.load(v_src + HALF + offs))
+            v_dst = v_cache_ptr + kh * svh + pos * svl
+            tl.store(v_dst + offs * svd, tl.load(v_src + offs))
+            tl.store(v_dst + (HALF + offs) * svd, tl.load(v_src + HALF + offs))
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, out_ptr, F, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
@@ -170,7 +173,7 @@ if HAS_TRITON:
         norm = q_norm is not None
         wrap_triton(_rope_and_write_kernel)[(T, num_heads + Hkv)](
             qkv, cos, sin, q_norm if norm else qkv, k_norm if norm else qkv, q, k_cache, v_cache, positions, eps,
-            k_cache.stride(0), k_cache.stride(1), Hq=num_heads, Hkv=Hkv, HD=hd, HAS_NORM=norm, **pdl_args(qkv),
+            *k_cache.stride(), *v_cache.stride(), Hq=num_heads, Hkv=Hkv, HD=hd, HAS_NORM=norm, **pdl_args(qkv),
         )
         return q
 
