@@ -23,6 +23,9 @@
 #             80 GB card, and a training run beside it ran out of memory)
 #   then, one at a time: the workload bench (7,000/1,024), each family's bench (FAMILY_REQUESTS).
 # GPU_TESTS="PYTEST ARGS" runs those tests after the workload's training, beside the families' evaluation.
+# LENGTHS="STEPS PER_BUCKET" adds bench/length_tau_gpu.sh all STEPS PER_BUCKET (drafts trained on 2K- and
+# 8K-token rows, held-out τ by prompt length; docs/results/lengths_gpu.md) beside the families, after
+# gen and before the benches (it measures τ only).
 # FAMILY_TRAIN=ROWS.jsonl.gz (the regenerated.jsonl.gz an earlier `collect` returned) trains the families
 # on those rows and skips gen; WORKLOAD=0 leaves the workload draft out (the families alone, e.g.
 # another seed: SEEDS=1). TARGET=gemma3-270m runs the families on Gemma-3-270M (after
@@ -103,6 +106,13 @@ run)
         families=$!
         workload rows || echo "[chain] workload rows failed"
         while [ ! -f "$ROOT/gen.done" ]; do sleep 5; done
+        lengths=""
+        if [ -n "${LENGTHS:-}" ]; then
+            echo "[chain] lengths $(date +%T)"
+            # shellcheck disable=SC2086  # STEPS PER_BUCKET
+            WORK="$ROOT/lengths" OUT="" bash bench/length_tau_gpu.sh all $LENGTHS > "$ROOT/lengths.log" 2>&1 &
+            lengths=$!
+        fi
         STEPS=${WORKLOAD_STEPS:-100000} workload train || echo "[chain] workload draft failed"
         if [ -n "${GPU_TESTS:-}" ]; then
             echo "[chain] tests $(date +%T)"
@@ -111,6 +121,10 @@ run)
             tail -n 3 "$ROOT/gpu_tests.log"
         fi
         wait "$families" || echo "[chain] families train or eval failed"
+        if [ -n "$lengths" ]; then
+            wait "$lengths" || echo "[chain] lengths failed"
+            grep -E "^==|^\|" "$ROOT/lengths.log" | tail -n 20 || true
+        fi
         grep -E "^\[chain\]|exit|^\| draft=" "$ROOT/families.log" || tail -n 20 "$ROOT/families.log"
         workload "bench probe" || echo "[chain] workload bench failed"
         echo "[chain] families bench $(date +%T)"
@@ -145,7 +159,10 @@ collect)
         mkdir -p "$out/families"
         WORK="$ROOT/families" OUT="$out/families" bash bench/family_compare_gpu.sh collect > /dev/null || true
     fi
-    tar czf "$out/logs.tar.gz" -C "$ROOT" --exclude='families' --exclude='*.pt' --exclude='*.safetensors' --exclude='*.bin' \
+    if [ -d "$ROOT/lengths/merged" ]; then  # one file: a call brings back at most 8
+        tar czf "$out/lengths.tar.gz" -C "$ROOT/lengths" merged $(cd "$ROOT/lengths" && ls train_L*.log eval_L*.log 2>/dev/null)
+    fi
+    tar czf "$out/logs.tar.gz" -C "$ROOT" --exclude='families' --exclude='lengths' --exclude='*.pt' --exclude='*.safetensors' --exclude='*.bin' \
         --exclude='rows.jsonl' --exclude='data' --exclude='long32k.jsonl' --exclude='global_step*' . 2>/dev/null || true
     ls -la "$out"
     ;;
