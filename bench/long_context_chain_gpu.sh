@@ -159,7 +159,7 @@ collect)
         mkdir -p "$out/families"
         WORK="$ROOT/families" OUT="$out/families" bash bench/family_compare_gpu.sh collect > /dev/null || true
     fi
-    if [ -d "$ROOT/lengths/merged" ]; then  # one file: a call brings back at most 8
+    if [ -d "$ROOT/lengths/merged" ]; then  # one file, to keep what comes back to a few
         tar czf "$out/lengths.tar.gz" -C "$ROOT/lengths" merged $(cd "$ROOT/lengths" && ls train_L*.log eval_L*.log 2>/dev/null)
     fi
     tar czf "$out/logs.tar.gz" -C "$ROOT" --exclude='families' --exclude='lengths' --exclude='*.pt' --exclude='*.safetensors' --exclude='*.bin' \
