@@ -89,12 +89,12 @@ run)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     if [ "${SPLIT:-1}" = 1 ]; then IN_CHAIN=1 bash "$0" split; fi
     echo "[chain] start $(date +%T)"
+    workload() {  # STAGES, then workload_draft_gpu.sh's environment; nothing with WORKLOAD=0
+        [ "${WORKLOAD:-1}" = 1 ] || return 0
+        WORK="$ROOT/workload" STAGES="$1" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1
+    }
     if [ "${FAMILIES:-0}" = 1 ]; then
         if [ "${TARGET:-smollm2-135m}" = gemma3-270m ]; then source bench/device_gemma3.sh env; fi
-        workload() {  # STAGES, then workload_draft_gpu.sh's environment; nothing with WORKLOAD=0
-            [ "${WORKLOAD:-1}" = 1 ] || return 0
-            WORK="$ROOT/workload" STAGES="$1" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1
-        }
         fam() { WORK="$ROOT/families" MAX_STEPS=${FAMILY_STEPS:-800} PROMPTS=${FAMILY_PROMPTS:-20} \
             NEW_TOKENS=${FAMILY_NEW_TOKENS:-128} bash bench/family_compare_gpu.sh "$@"; }
         rm -f "$ROOT/gen.done"
@@ -109,8 +109,10 @@ run)
         lengths=""
         if [ -n "${LENGTHS:-}" ]; then
             echo "[chain] lengths $(date +%T)"
+            mkdir -p "$ROOT/lengths_out"  # the script's own copies (table, plot, logs), for collect
             # shellcheck disable=SC2086  # STEPS PER_BUCKET
-            WORK="$ROOT/lengths" OUT="" bash bench/length_tau_gpu.sh all $LENGTHS > "$ROOT/lengths.log" 2>&1 &
+            WORK="$ROOT/lengths" OUT="$ROOT/lengths_out" bash bench/length_tau_gpu.sh all $LENGTHS \
+                > "$ROOT/lengths.log" 2>&1 &
             lengths=$!
         fi
         STEPS=${WORKLOAD_STEPS:-100000} workload train || echo "[chain] workload draft failed"
@@ -131,8 +133,7 @@ run)
         fam bench "${FAMILY_REQUESTS:-20}" 2>&1 || echo "[chain] families bench failed"
     else
         echo "[chain] workload draft $(date +%T)"
-        WORK="$ROOT/workload" bash bench/workload_draft_gpu.sh "$NUM" "$MINUTES" "$REQUESTS" 2>&1 \
-            || echo "[chain] workload draft failed"
+        workload "rows train bench probe" || echo "[chain] workload draft failed"
     fi
     echo "[chain] done $(date +%T)"
     ;;
@@ -159,10 +160,10 @@ collect)
         mkdir -p "$out/families"
         WORK="$ROOT/families" OUT="$out/families" bash bench/family_compare_gpu.sh collect > /dev/null || true
     fi
-    if [ -d "$ROOT/lengths/merged" ]; then  # one file, to keep what comes back to a few
-        tar czf "$out/lengths.tar.gz" -C "$ROOT/lengths" merged $(cd "$ROOT/lengths" && ls train_L*.log eval_L*.log 2>/dev/null)
+    if [ -d "$ROOT/lengths_out" ]; then  # one file, to keep what comes back to a few
+        tar czf "$out/lengths.tar.gz" -C "$ROOT" lengths_out
     fi
-    tar czf "$out/logs.tar.gz" -C "$ROOT" --exclude='families' --exclude='lengths' --exclude='*.pt' --exclude='*.safetensors' --exclude='*.bin' \
+    tar czf "$out/logs.tar.gz" -C "$ROOT" --exclude='families' --exclude='lengths' --exclude='lengths_out' --exclude='*.pt' --exclude='*.safetensors' --exclude='*.bin' \
         --exclude='rows.jsonl' --exclude='data' --exclude='long32k.jsonl' --exclude='global_step*' . 2>/dev/null || true
     ls -la "$out"
     ;;
