@@ -16,7 +16,8 @@
 #   bash bench/length_tau_gpu.sh all STEPS PER_BUCKET  train, then eval (one command for the call that
 #                                                    brings the last part)
 # SmolLM2's context is 8,192 positions, so an 8K–32K bucket cannot be cut for it.
-# Work lives in $WORK (default /tmp/lengths).
+# LOSS_CHUNK_ROWS=N bounds the loss's vocabulary-wide tensors to N rows at a time (train.loss_chunk_rows),
+# for a GPU it shares. Work lives in $WORK (default /tmp/lengths).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_smollm2.sh env
@@ -46,7 +47,8 @@ train)
             draft=dspark_b16 draft.num_layers=4 loss=prefix \
             "train.max_steps=${2:?STEPS}" train.max_minutes=null "train.batch_size=$((TOKENS_PER_STEP / len))" \
             "train.anchors_per_seq=$((len / ANCHOR_EVERY))" train.lr=1e-3 train.warmup_steps=50 \
-            train.log_every=50 train.save_every=100000 eval.enabled=false > "$WORK/train_L$run.log" 2>&1 &
+            train.log_every=50 train.save_every=100000 "train.loss_chunk_rows=${LOSS_CHUNK_ROWS:-0}" eval.enabled=false \
+            > "$WORK/train_L$run.log" 2>&1 &
         pids+=($!)
     done
     rc=0  # a bare `wait` returns 0 whatever the runs did: wait for each

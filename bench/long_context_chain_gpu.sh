@@ -25,12 +25,15 @@
 # GPU_TESTS="PYTEST ARGS" runs those tests after the workload's training, beside the families' evaluation.
 # LENGTHS="STEPS PER_BUCKET" adds bench/length_tau_gpu.sh all STEPS PER_BUCKET (drafts trained on 2K- and
 # 8K-token rows, held-out τ by prompt length; docs/results/lengths_gpu.md) beside the families, after
-# gen and before the benches (it measures τ only).
+# gen and before the benches (it measures τ only); LENGTHS_CHUNK_ROWS sets its LOSS_CHUNK_ROWS.
 # FAMILY_TRAIN=ROWS.jsonl.gz (the regenerated.jsonl.gz an earlier `collect` returned) trains the families
 # on those rows and skips gen; WORKLOAD=0 leaves the workload draft out (the families alone, e.g.
 # another seed: SEEDS=1). TARGET=gemma3-270m runs the families on Gemma-3-270M (after
-# bench/device_gemma3.sh stash 0..5; set LOSS_CHUNK_ROWS=1024), with WORKLOAD=0 (the workload is SmolLM2's).
+# bench/device_gemma3.sh stash 0..3; set LOSS_CHUNK_ROWS=1024), with WORKLOAD=0 (the workload is SmolLM2's).
 # Training stops at a step count there, so sharing the GPU makes it slower, not different.
+# FAMILY_MINUTES caps each family run's wall time (default 60); evaluation takes the latest checkpoint
+# every run reached, so a cap keeps the token budget equal across families. FAMILY_REQUESTS=0 skips
+# the families' bench (τ only). Two chains at once need two ROOTs.
 # Everything lives under $ROOT (default /tmp/chain43), so later calls may replace the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -101,7 +104,7 @@ run)
         { rc=0  # gen.done whatever gen did: the workload waits on it
           if [ "${FAMILY_ROWS:-3500}" -gt 0 ] && [ ! -f "$ROOT/families/train.jsonl" ]; then echo "[chain] families gen $(date +%T)"; fam gen "${FAMILY_ROWS:-3500}" || rc=$?; fi
           touch "$ROOT/gen.done"; [ "$rc" = 0 ] &&
-          echo "[chain] families train $(date +%T)" && fam train 60 && echo "[chain] families eval $(date +%T)" && fam eval; } \
+          echo "[chain] families train $(date +%T)" && fam train "${FAMILY_MINUTES:-60}" && echo "[chain] families eval $(date +%T)" && fam eval; } \
             > "$ROOT/families.log" 2>&1 &
         families=$!
         workload rows || echo "[chain] workload rows failed"
@@ -111,7 +114,8 @@ run)
             echo "[chain] lengths $(date +%T)"
             mkdir -p "$ROOT/lengths_out"  # the script's own copies (table, plot, logs), for collect
             # shellcheck disable=SC2086  # STEPS PER_BUCKET
-            WORK="$ROOT/lengths" OUT="$ROOT/lengths_out" bash bench/length_tau_gpu.sh all $LENGTHS \
+            WORK="$ROOT/lengths" OUT="$ROOT/lengths_out" LOSS_CHUNK_ROWS=${LENGTHS_CHUNK_ROWS:-0} \
+                bash bench/length_tau_gpu.sh all $LENGTHS \
                 > "$ROOT/lengths.log" 2>&1 &
             lengths=$!
         fi
@@ -129,8 +133,10 @@ run)
         fi
         grep -E "^\[chain\]|exit|^\| draft=" "$ROOT/families.log" || tail -n 20 "$ROOT/families.log"
         workload "bench probe" || echo "[chain] workload bench failed"
-        echo "[chain] families bench $(date +%T)"
-        fam bench "${FAMILY_REQUESTS:-20}" 2>&1 || echo "[chain] families bench failed"
+        if [ "${FAMILY_REQUESTS:-20}" -gt 0 ]; then  # 0: τ only (e.g. a second seed; bench serves the first)
+            echo "[chain] families bench $(date +%T)"
+            fam bench "${FAMILY_REQUESTS:-20}" 2>&1 || echo "[chain] families bench failed"
+        fi
     else
         echo "[chain] workload draft $(date +%T)"
         workload "rows train bench probe" || echo "[chain] workload draft failed"
