@@ -33,7 +33,8 @@
 # Training stops at a step count there, so sharing the GPU makes it slower, not different.
 # FAMILY_MINUTES caps each family run's wall time (default 60); evaluation takes the latest checkpoint
 # every run reached, so a cap keeps the token budget equal across families. FAMILY_REQUESTS=0 skips
-# the families' bench (τ only). Two chains at once need two ROOTs.
+# the families' bench (τ only). Two chains at once need two ROOTs; BENCH_AFTER=OTHER_ROOT/chain.log holds
+# this chain's benches until that chain is done (BENCH_AFTER_MAX seconds at most, default 900).
 # Everything lives under $ROOT (default /tmp/chain43), so later calls may replace the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -132,6 +133,11 @@ run)
             grep -E "^==|^\|" "$ROOT/lengths.log" | tail -n 20 || true
         fi
         grep -E "^\[chain\]|exit|^\| draft=" "$ROOT/families.log" || tail -n 20 "$ROOT/families.log"
+        if [ -n "${BENCH_AFTER:-}" ]; then  # another chain's log: time nothing while it still runs
+            end=$((SECONDS + ${BENCH_AFTER_MAX:-900}))
+            until grep -qs "^\[chain\] done" "$BENCH_AFTER" || [ $SECONDS -ge $end ]; do sleep 5; done
+            echo "[chain] benches from $(date +%T)"
+        fi
         workload "bench probe" || echo "[chain] workload bench failed"
         if [ "${FAMILY_REQUESTS:-20}" -gt 0 ]; then  # 0: τ only (e.g. a second seed; bench serves the first)
             echo "[chain] families bench $(date +%T)"
