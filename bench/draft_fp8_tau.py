@@ -2,7 +2,7 @@
 prompts as it is and as the engine's FP8 copy (speculative/draft_weights.py), against the real
 target in float32.
 
-    python bench/draft_fp8_tau.py RUN_DIR [--num-prompts 50] [--max-new-tokens 48] [--out FILE]
+    python bench/draft_fp8_tau.py RUN_DIR [--num-prompts 50] [--max-new-tokens 48] [--device cuda] [--out FILE]
 
 Both are lossless (exactness is checked for both); only τ may differ. Prints both tables, the
 paired τ ratio FP8 / model with a 95% bootstrap interval over prompts, and how many prompts
@@ -37,10 +37,11 @@ def main() -> None:
     ap.add_argument("--prompts", default="chitchat")
     ap.add_argument("--num-prompts", type=int, default=50)
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--device", default="cpu", help="the target and draft stay float32 on any device")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     meta = read_draft_meta(args.run_dir)
-    target, draft = load_models(ModelsConfig(draft=args.run_dir, device="cpu", dtype="float32"), meta)
+    target, draft = load_models(ModelsConfig(draft=args.run_dir, device=args.device, dtype="float32"), meta)
     prompts = load_prompt_ids(args.prompts, target.tokenizer, args.num_prompts)
     eos = target.eos_ids()
     reports = {"model weights": evaluate(target, draft, prompts, args.max_new_tokens, eos_ids=eos, desc="model"),

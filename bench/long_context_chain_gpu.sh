@@ -26,6 +26,13 @@
 # LENGTHS="STEPS PER_BUCKET" adds bench/length_tau_gpu.sh all STEPS PER_BUCKET (drafts trained on 2K- and
 # 8K-token rows, held-out τ by prompt length; docs/results/lengths_gpu.md) beside the families, after
 # gen and before the benches (it measures τ only); LENGTHS_CHUNK_ROWS sets its LOSS_CHUNK_ROWS.
+# Issue 43's τ cost of the lighter heads on the families' target, beside the families (τ only):
+#   FULL_VOCAB_RUN=1   the same block run (FULL_VOCAB_RUNS, default dspark_b16:prefix) over the whole
+#                      vocabulary, same rows, seeds and steps, in $ROOT/full_vocab: against the families'
+#                      DRAFT_VOCAB run with bench/paired_tau_ci.py (set FAMILY_STEPS so that every run
+#                      reaches it: each evaluation takes its own runs' latest common checkpoint)
+#   FP8_TAU=1          bench/draft_fp8_tau.py on the first seed's FP8_RUN (default dspark_b16) draft, after
+#                      the families' evaluation: the same draft as it is and as FP8 weights, float32 target
 # FAMILY_TRAIN=ROWS.jsonl.gz (the regenerated.jsonl.gz an earlier `collect` returned) trains the families
 # on those rows and skips gen; WORKLOAD=0 leaves the workload draft out (the families alone, e.g.
 # another seed: SEEDS=1). TARGET=gemma3-270m runs the families on Gemma-3-270M (after
@@ -120,6 +127,17 @@ run)
                 > "$ROOT/lengths.log" 2>&1 &
             lengths=$!
         fi
+        full=""
+        if [ "${FULL_VOCAB_RUN:-0}" = 1 ]; then
+            echo "[chain] whole-vocabulary run $(date +%T)"
+            mkdir -p "$ROOT/full_vocab"  # the rows gen wrote, if it ran: the families train on them
+            if [ -f "$ROOT/families/train.jsonl" ]; then cp "$ROOT/families/train.jsonl" "$ROOT/full_vocab/"; fi
+            full_vocab() { WORK="$ROOT/full_vocab" RUNS="${FULL_VOCAB_RUNS:-dspark_b16:prefix}" DRAFT_VOCAB="" \
+                MAX_STEPS=${FAMILY_STEPS:-800} PROMPTS=${FAMILY_PROMPTS:-20} NEW_TOKENS=${FAMILY_NEW_TOKENS:-128} \
+                bash bench/family_compare_gpu.sh "$@"; }
+            { full_vocab train "${FAMILY_MINUTES:-60}" && full_vocab eval; } > "$ROOT/full_vocab.log" 2>&1 &
+            full=$!
+        fi
         STEPS=${WORKLOAD_STEPS:-100000} workload train || echo "[chain] workload draft failed"
         if [ -n "${GPU_TESTS:-}" ]; then
             echo "[chain] tests $(date +%T)"
@@ -128,6 +146,25 @@ run)
             tail -n 3 "$ROOT/gpu_tests.log"
         fi
         wait "$families" || echo "[chain] families train or eval failed"
+        fp8=""
+        if [ "${FP8_TAU:-0}" = 1 ]; then
+            seed=${SEEDS:-0}; seed=${seed%% *}
+            run=$(ls -d "$ROOT/families/seed$seed"/runs/*"draft=${FP8_RUN:-dspark_b16},"* 2>/dev/null | head -n 1)
+            echo "[chain] fp8 τ ${run:-(no run)} $(date +%T)"
+            if [ -n "$run" ]; then
+                python3 bench/draft_fp8_tau.py "$run" --device cuda --prompts "$DATA/heldout_prompts.jsonl" \
+                    --num-prompts "${FP8_PROMPTS:-30}" --out "$ROOT/fp8_tau.json" > "$ROOT/fp8_tau.log" 2>&1 &
+                fp8=$!
+            fi
+        fi
+        if [ -n "$full" ]; then
+            wait "$full" || echo "[chain] whole-vocabulary run failed"
+            grep -E "^every run|^\| draft=" "$ROOT/full_vocab.log" || tail -n 20 "$ROOT/full_vocab.log"
+        fi
+        if [ -n "$fp8" ]; then
+            wait "$fp8" || echo "[chain] fp8 τ failed"
+            tail -n 2 "$ROOT/fp8_tau.log"
+        fi
         if [ -n "$lengths" ]; then
             wait "$lengths" || echo "[chain] lengths failed"
             grep -E "^==|^\|" "$ROOT/lengths.log" | tail -n 20 || true
@@ -172,10 +209,15 @@ collect)
         mkdir -p "$out/families"
         WORK="$ROOT/families" OUT="$out/families" bash bench/family_compare_gpu.sh collect > /dev/null || true
     fi
+    if [ -d "$ROOT/full_vocab/seed0" ] || [ -d "$ROOT/full_vocab/seed1" ]; then  # the same layout, no rows
+        mkdir -p "$out/full_vocab"
+        WORK="$ROOT/full_vocab" OUT="$out/full_vocab" bash bench/family_compare_gpu.sh collect > /dev/null || true
+        rm -f "$out/full_vocab/regenerated.jsonl.gz"
+    fi
     if [ -d "$ROOT/lengths_out" ]; then  # one file, to keep what comes back to a few
         tar czf "$out/lengths.tar.gz" -C "$ROOT" lengths_out
     fi
-    tar czf "$out/logs.tar.gz" -C "$ROOT" --exclude='families' --exclude='lengths' --exclude='lengths_out' --exclude='*.pt' --exclude='*.safetensors' --exclude='*.bin' \
+    tar czf "$out/logs.tar.gz" -C "$ROOT" --exclude='families' --exclude='full_vocab' --exclude='lengths' --exclude='lengths_out' --exclude='*.pt' --exclude='*.safetensors' --exclude='*.bin' \
         --exclude='rows.jsonl' --exclude='data' --exclude='long32k.jsonl' --exclude='global_step*' . 2>/dev/null || true
     ls -la "$out"
     ;;
