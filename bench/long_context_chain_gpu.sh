@@ -106,8 +106,10 @@ run)
     }
     if [ "${FAMILIES:-0}" = 1 ]; then
         if [ "${TARGET:-smollm2-135m}" = gemma3-270m ]; then source bench/device_gemma3.sh env; fi
-        fam() { WORK="$ROOT/families" MAX_STEPS=${FAMILY_STEPS:-800} PROMPTS=${FAMILY_PROMPTS:-20} \
-            NEW_TOKENS=${FAMILY_NEW_TOKENS:-128} bash bench/family_compare_gpu.sh "$@"; }
+        families_in() {  # DIR MODE ARGS: family_compare_gpu.sh with the families' steps, prompts and tokens
+            WORK="$1" MAX_STEPS=${FAMILY_STEPS:-800} PROMPTS=${FAMILY_PROMPTS:-20} \
+                NEW_TOKENS=${FAMILY_NEW_TOKENS:-128} bash bench/family_compare_gpu.sh "${@:2}"; }
+        fam() { families_in "$ROOT/families" "$@"; }
         rm -f "$ROOT/gen.done"
         { rc=0  # gen.done whatever gen did: the workload waits on it
           if [ "${FAMILY_ROWS:-3500}" -gt 0 ] && [ ! -f "$ROOT/families/train.jsonl" ]; then echo "[chain] families gen $(date +%T)"; fam gen "${FAMILY_ROWS:-3500}" || rc=$?; fi
@@ -132,9 +134,7 @@ run)
             echo "[chain] whole-vocabulary run $(date +%T)"
             mkdir -p "$ROOT/full_vocab"  # the rows gen wrote, if it ran: the families train on them
             if [ -f "$ROOT/families/train.jsonl" ]; then cp "$ROOT/families/train.jsonl" "$ROOT/full_vocab/"; fi
-            full_vocab() { WORK="$ROOT/full_vocab" RUNS="${FULL_VOCAB_RUNS:-dspark_b16:prefix}" DRAFT_VOCAB="" \
-                MAX_STEPS=${FAMILY_STEPS:-800} PROMPTS=${FAMILY_PROMPTS:-20} NEW_TOKENS=${FAMILY_NEW_TOKENS:-128} \
-                bash bench/family_compare_gpu.sh "$@"; }
+            full_vocab() { RUNS="${FULL_VOCAB_RUNS:-dspark_b16:prefix}" DRAFT_VOCAB="" families_in "$ROOT/full_vocab" "$@"; }
             { full_vocab train "${FAMILY_MINUTES:-60}" && full_vocab eval; } > "$ROOT/full_vocab.log" 2>&1 &
             full=$!
         fi
@@ -209,7 +209,7 @@ collect)
         mkdir -p "$out/families"
         WORK="$ROOT/families" OUT="$out/families" bash bench/family_compare_gpu.sh collect > /dev/null || true
     fi
-    if [ -d "$ROOT/full_vocab/seed0" ] || [ -d "$ROOT/full_vocab/seed1" ]; then  # the same layout, no rows
+    if [ -d "$ROOT/full_vocab" ]; then  # the same layout, without the rows (the families' copy has them)
         mkdir -p "$out/full_vocab"
         WORK="$ROOT/full_vocab" OUT="$out/full_vocab" bash bench/family_compare_gpu.sh collect > /dev/null || true
         rm -f "$out/full_vocab/regenerated.jsonl.gz"
