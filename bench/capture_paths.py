@@ -12,12 +12,15 @@ run past a sliding window), this prints the largest difference of each path's ca
 states from the eager capture, relative to their largest magnitude, and the serving path once more
 with cuDNN's fused attention excluded (training's captures never use it: target/sdpa.py).
 
-With --draft, the draft's first proposed token at a few anchors of each sequence, three ways:
+With --draft, the draft's proposed tokens at a few anchors of each sequence, three ways:
 teacher-forced as training computes it (packed blocks over the bucketed capture), the serving
 round (`draft.draft` over the serving capture's context) and the same round in float32 eager,
-against the sequence's own next token; then the engine's drafter (its static context cache, the
+against the sequence's own next tokens; then the engine's drafter (its static context cache, the
 block's attention through the split-KV kernel and through SDPA), counting non-finite hidden states
-and logits. Training and serving must agree nearly always. Then τ of
+and logits. Training and serving must agree nearly always. Slot 0 is compared for every draft; a
+draft without a Markov head (DFlash) drafts each slot from the context alone, so there every slot
+k is compared too (right against token p+1+k, and taught against served), which is where a served
+acceptance of zero past the first slot would show whether serving or training is at fault. Then τ of
 the prompt served three ways: the reference loop (speculative/decode.py), and the engine with the
 draft's context attention through the split-KV kernel and through SDPA (EngineConfig.draft_attention),
 the kernel once more with cuDNN excluded from the target's attention, and once more eagerly (no CUDA
@@ -72,8 +75,10 @@ def serving_capture(target, ids: torch.Tensor, prefill: int, piece: int) -> torc
 
 
 @torch.no_grad()
-def first_tokens(draft, ids: torch.Tensor, aux: torch.Tensor, anchors: list[int]) -> tuple[list[int], list[int]]:
-    """-> (teacher-forced slot-0 tokens as training computes them, served slot-0 tokens) at `anchors`."""
+def block_tokens(draft, ids: torch.Tensor, aux: torch.Tensor, anchors: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """-> (teacher-forced tokens as training computes them, served tokens), (n, γ) each, at `anchors`.
+    Past slot 0 the two differ by design where a Markov head reads the previous token (the true one
+    when taught, the drafted one when served); without one they must agree at every slot."""
     g, t = draft.arch.block_size, ids.shape[1]
     dev = ids.device
     a = torch.tensor([anchors], device=dev)
@@ -87,19 +92,19 @@ def first_tokens(draft, ids: torch.Tensor, aux: torch.Tensor, anchors: list[int]
         h = draft.backbone(packed.block_ids, packed.block_pos, ctx, packed.mask).view(1, n, g, -1)[0]
     prev = ids[0][packed.label_pos[0] - 1]  # (n, γ)
     logits = draft.head_logits(h, draft.markov_latent(h, prev))  # (n, γ, N)
-    taught = draft.to_target(logits.argmax(-1))[:, 0].tolist()
+    taught = draft.to_target(logits.argmax(-1)).tolist()
     served = []
     for p in anchors:
         kv = draft.context_kv(aux[:, :p], torch.arange(p, device=dev)[None])
-        served.append(int(draft.draft(kv, ids[0, p], p)[0][0]))
+        served.append(draft.draft(kv, ids[0, p], p)[0].tolist())
     return taught, served
 
 
 @torch.no_grad()
-def engine_first_tokens(draft, ids: torch.Tensor, aux: torch.Tensor, anchors: list[int],
-                        attend) -> tuple[list[int], int, int]:
+def engine_block_tokens(draft, ids: torch.Tensor, aux: torch.Tensor, anchors: list[int],
+                        attend) -> tuple[list[list[int]], int, int]:
     """The engine's own drafter (static context cache; `attend` the split-KV kernel, None SDPA under
-    a mask) at each anchor -> (slot-0 target ids, non-finite entries of the block's hidden states,
+    a mask) at each anchor -> (target ids (n, γ), non-finite entries of the block's hidden states,
     non-finite draft logits). A NaN logit makes torch's argmax pick it and a T>0 draw fail."""
     t = ids.shape[1]
     dev = ids.device
@@ -119,11 +124,16 @@ def engine_first_tokens(draft, ids: torch.Tensor, aux: torch.Tensor, anchors: li
         for p in anchors:  # the context 0..p-1 rewritten each time: a block overwrites its own slots
             drafter.commit(aux[:, :p], torch.zeros((), dtype=torch.long, device=dev), ids[0, 1:p + 1], p - 1)
             got = drafter.propose(ids[0, p], torch.tensor(p, device=dev), window=cap)[0]
-            tokens.append(int(got[0]))
+            tokens.append(got.tolist())
     finally:
         for h in hooks:
             h.remove()
     return tokens, bad["h"], bad["logits"]
+
+
+def slot0(blocks: list[list[int]]) -> list[int]:
+    """(n, γ) drafted blocks -> their first tokens (n,)."""
+    return [b[0] for b in blocks]
 
 
 def tau(accepts: list[int]) -> float:
@@ -158,6 +168,7 @@ def main() -> None:
     bucketed = BucketedCapture(target, max_len=args.capture_max_len, use_graphs=dev.type == "cuda")
     piece = (draft.arch.block_size + 1) if draft is not None else 17
     rows, served_prompts, agree = [], [], {"taught_right": 0, "served_right": 0, "served32_right": 0, "same": 0, "n": 0}
+    slots: dict[str, list[int]] = {}  # per-slot counts, for a draft without a Markov head
     for prompt in read_prompts(resolve_prompts_path(args.prompts))[: args.num_prompts]:
         ids = encode_prompt(target.tokenizer, prompt, ChatTemplate())
         prompt_ids = list(ids)
@@ -180,21 +191,36 @@ def main() -> None:
         if draft is not None:
             g = draft.arch.block_size
             anchors = list(range(max(1, t // 4), t - g - 1, max(1, (t - g) // 24)))
-            taught, _ = first_tokens(draft, x, graph, anchors)
-            _, serv = first_tokens(draft, x, served, anchors)
-            _, serv32 = first_tokens(draft32, x, served.float(), anchors)
-            truth = [ids[p + 1] for p in anchors]
-            agree["taught_right"] += sum(a == b for a, b in zip(taught, truth))
-            agree["served_right"] += sum(a == b for a, b in zip(serv, truth))
-            agree["served32_right"] += sum(a == b for a, b in zip(serv32, truth))
-            agree["same"] += sum(a == b for a, b in zip(taught, serv))
+            taught, _ = block_tokens(draft, x, graph, anchors)
+            _, serv = block_tokens(draft, x, served, anchors)
+            _, serv32 = block_tokens(draft32, x, served.float(), anchors)
+            truth = [ids[p + 1:p + 1 + g] for p in anchors]  # (n, γ): slot k drafts token p+1+k
+            agree["taught_right"] += sum(a == b for a, b in zip(slot0(taught), slot0(truth)))
+            agree["served_right"] += sum(a == b for a, b in zip(slot0(serv), slot0(truth)))
+            agree["served32_right"] += sum(a == b for a, b in zip(slot0(serv32), slot0(truth)))
+            agree["same"] += sum(a == b for a, b in zip(slot0(taught), slot0(serv)))
             agree["n"] += len(anchors)
+            engine = {}
             for kind, attend in (("kernel", decode_attention), ("sdpa", None)):
-                eng, bad_h, bad_logits = engine_first_tokens(draft, x, served, anchors, attend)
+                eng, bad_h, bad_logits = engine_block_tokens(draft, x, served, anchors, attend)
+                engine[kind] = eng
                 agree[f"engine_{kind}_right"] = agree.get(f"engine_{kind}_right", 0) + sum(
-                    a == b for a, b in zip(eng, truth))
+                    a == b for a, b in zip(slot0(eng), slot0(truth)))
                 agree[f"engine_{kind}_nonfinite_h"] = agree.get(f"engine_{kind}_nonfinite_h", 0) + bad_h
                 agree[f"engine_{kind}_nonfinite_logits"] = agree.get(f"engine_{kind}_nonfinite_logits", 0) + bad_logits
+            if draft.markov is None:  # every slot from the context alone: comparable slot by slot
+                per = slots.setdefault("n", [0] * g)
+                for name, blocks, ref in (("taught_right", taught, truth), ("served_right", serv, truth),
+                                          ("engine_kernel_right", engine["kernel"], truth),
+                                          ("engine_sdpa_right", engine["sdpa"], truth),
+                                          ("taught_equals_served", taught, serv),
+                                          ("taught_equals_engine_kernel", taught, engine["kernel"])):
+                    count = slots.setdefault(name, [0] * g)
+                    for block, want in zip(blocks, ref):
+                        for k in range(g):
+                            count[k] += int(block[k] == want[k])
+                for k in range(g):
+                    per[k] += len(anchors)
             with varlen_sdpa():
                 loop = SpecDecoder(target, draft).generate(prompt_ids, args.served_tokens)
             row["tau_loop"] = tau(loop.accepts)
@@ -222,6 +248,12 @@ def main() -> None:
     result = {"target": args.target, "device": str(dev), "dtype": args.dtype, "prompts": rows}
     if draft is not None:
         result["first_token"] = agree
+        if slots:
+            result["every_slot"] = slots
+            print("every slot (a draft without a Markov head), counts over", slots["n"][0], "anchors:")
+            for name, count in slots.items():
+                if name != "n":
+                    print(f"  {name:28s}", " ".join(f"{c:3d}" for c in count))
         print(f"first draft token at {agree['n']} anchors: teacher-forced right {agree['taught_right']}, served right "
               f"{agree['served_right']} (float32 {agree['served32_right']}), teacher-forced == served {agree['same']}")
         for kind in ("kernel", "sdpa"):

@@ -160,7 +160,11 @@ def plot(pooled_by: dict, served: dict, order: list[str], path: Path, pooled_lab
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 1.3]})
+    fams = [f for f in order if f in served]
+    if fams:
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 1.3]})
+    else:  # a τ-only run: no served panel
+        fig, ax = plt.subplots(figsize=(9.5, 4.5))
     keys = [(s, t) for s, _ in SETS for t in TEMPS]
     width = 0.8 / len(order)
     for i, fam in enumerate(order):
@@ -172,12 +176,12 @@ def plot(pooled_by: dict, served: dict, order: list[str], path: Path, pooled_lab
     ax.set_ylabel(f"held-out τ ({pooled_label})")
     ax.set_title("acceptance length by prompt set")
     ax.legend(fontsize=8)
-    fams = [f for f in order if f in served]
-    bx.bar(fams, [served[f]["speedup"] for f in fams], color=[f"C{order.index(f)}" for f in fams])
-    bx.axhline(1.0, color="gray", lw=0.8)
-    bx.set_ylabel("TPOT speedup over the engine's AR")
-    bx.set_title("served, batch 1 (seed 0)")
-    bx.tick_params(axis="x", rotation=30, labelsize=8)
+    if fams:
+        bx.bar(fams, [served[f]["speedup"] for f in fams], color=[f"C{order.index(f)}" for f in fams])
+        bx.axhline(1.0, color="gray", lw=0.8)
+        bx.set_ylabel("TPOT speedup over the engine's AR")
+        bx.set_title("served, batch 1 (seed 0)")
+        bx.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

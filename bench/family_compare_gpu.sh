@@ -43,6 +43,10 @@ case "${1:?gen ROWS | train MINUTES | eval | bench REQUESTS | all ROWS MINUTES R
 gen)
     # GEN_SECONDS caps gen's wall time: the rows written by then are kept (gen appends whole rows), and
     # the log says how many. GEN_BATCHING=static suits a target whose replies all run to the cap.
+    # The embedded target's one-time conversion (GGUF dequantised and written out: about 90 s for
+    # Gemma-3-270M) happens first, outside the cap: counted inside it, a 150 s cap on a fresh
+    # machine left Gemma's first static batch of 256 rows unfinished and gen with no rows at all.
+    python3 -c "import sys; from splitserve.assets import resolve_target_path as r; r(sys.argv[1])" "$TARGET"
     rc=0
     ${GEN_SECONDS:+timeout --signal=TERM "$GEN_SECONDS"} python3 -m splitserve.cli gen --data "$DATA/train.jsonl" \
         --target "$TARGET" --out "$WORK/train.jsonl.part" --max-rows "${2:?ROWS}" --max-turns 1 \

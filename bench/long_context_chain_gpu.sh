@@ -33,6 +33,9 @@
 #                      reaches it: each evaluation takes its own runs' latest common checkpoint)
 #   FP8_TAU=1          bench/draft_fp8_tau.py on the first seed's FP8_RUN (default dspark_b16) draft, after
 #                      the families' evaluation: the same draft as it is and as FP8 weights, float32 target
+# PATHS_CHECK=1 runs bench/capture_paths.py on the first seed's PATHS_RUN (default dflash_b16) draft after the
+# evaluation: training's and serving's captures and drafted tokens, every slot for a draft without a Markov
+# head, on this GPU in bf16 ($ROOT/capture_paths.json, in logs.tar.gz)
 # FAMILY_TRAIN=ROWS.jsonl.gz (the regenerated.jsonl.gz an earlier `collect` returned) trains the families
 # on those rows and skips gen; WORKLOAD=0 leaves the workload draft out (the families alone, e.g.
 # another seed: SEEDS=1). TARGET=gemma3-270m runs the families on Gemma-3-270M (after
@@ -130,7 +133,10 @@ run)
             lengths=$!
         fi
         full=""
-        if [ "${FULL_VOCAB_RUN:-0}" = 1 ]; then
+        if [ "${FULL_VOCAB_RUN:-0}" = 1 ] && [ "${FAMILY_ROWS:-3500}" -gt 0 ] && [ ! -f "$ROOT/families/train.jsonl" ]; then
+            # gen failed: the run would fall back to the raw rows and pair with nothing
+            echo "[chain] whole-vocabulary run left out: the families have no regenerated rows to share"
+        elif [ "${FULL_VOCAB_RUN:-0}" = 1 ]; then
             echo "[chain] whole-vocabulary run $(date +%T)"
             mkdir -p "$ROOT/full_vocab"  # the rows gen wrote, if it ran: the families train on them
             if [ -f "$ROOT/families/train.jsonl" ]; then cp "$ROOT/families/train.jsonl" "$ROOT/full_vocab/"; fi
@@ -155,6 +161,17 @@ run)
                 python3 bench/draft_fp8_tau.py "$run" --device cuda --prompts "$DATA/heldout_prompts.jsonl" \
                     --num-prompts "${FP8_PROMPTS:-30}" --out "$ROOT/fp8_tau.json" > "$ROOT/fp8_tau.log" 2>&1 &
                 fp8=$!
+            fi
+        fi
+        if [ "${PATHS_CHECK:-0}" = 1 ]; then  # after FP8's start: both read checkpoints only, τ-sized work
+            seed=${SEEDS:-0}; seed=${seed%% *}
+            run=$(ls -d "$ROOT/families/seed$seed"/runs/*"draft=${PATHS_RUN:-dflash_b16},"* 2>/dev/null | head -n 1)
+            echo "[chain] capture paths ${run:-(no run)} $(date +%T)"
+            if [ -n "$run" ]; then
+                python3 bench/capture_paths.py --target "${TARGET:-smollm2-135m}" --draft "$run" --prompts "$DATA/heldout_prompts.jsonl" \
+                    --num-prompts 2 --new-tokens 160 --served-tokens 48 --out "$ROOT/capture_paths.json" \
+                    > "$ROOT/capture_paths.log" 2>&1 || echo "[chain] capture paths failed"
+                grep -E "^  |^first|^engine" "$ROOT/capture_paths.log" || tail -n 5 "$ROOT/capture_paths.log"
             fi
         fi
         if [ -n "$full" ]; then

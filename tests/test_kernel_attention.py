@@ -113,14 +113,17 @@ def test_kernel_matches_reference(hd, T, G, window, sliding_window, num_splits, 
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("hd, G", [(64, 2), (256, 4)], ids=["hd64", "gemma3-270m"])
 @pytest.mark.parametrize("num_splits", [None, 3])
 @pytest.mark.parametrize("expanded", [False, True])
-def test_kernel_serves_a_draft_block_that_sees_itself_whole(num_splits, expanded):
+def test_kernel_serves_a_draft_block_that_sees_itself_whole(hd, G, num_splits, expanded):
     """The draft's round: γ queries that all read slots 0..last (context, then their whole block),
     with stale slots above `last` in the window. The draft passes its block's last slot expanded
     to every query (models/layers.py, stride 0), so the kernel must read positions through their
-    stride: here the memory after that one element holds -1, where nothing is visible."""
-    hd, T, G, window, last = 64, 16, 2, 300, 250
+    stride: here the memory after that one element holds -1, where nothing is visible. Also at
+    Gemma-3-270M's draft shape (hd 256, four query heads on one kv head: 64 rows), whose head
+    size takes the kernel's smaller tiles."""
+    T, window, last = 16, 300, 250
     q, k, v, _ = _inputs(T, 2, G, hd, window + 8, window, last, seed=1)
     k[:, last + 1:] = v[:, last + 1:] = HUGE
     if expanded:
