@@ -168,7 +168,7 @@ def main() -> None:
     bucketed = BucketedCapture(target, max_len=args.capture_max_len, use_graphs=dev.type == "cuda")
     piece = (draft.arch.block_size + 1) if draft is not None else 17
     rows, served_prompts, agree = [], [], {"taught_right": 0, "served_right": 0, "served32_right": 0, "same": 0, "n": 0}
-    slots: dict[str, list[int]] = {}  # per-slot counts, for a draft without a Markov head
+    slots: dict[str, list[int]] = {}  # per-slot counts over agree["n"] anchors, for a draft without a Markov head
     for prompt in read_prompts(resolve_prompts_path(args.prompts))[: args.num_prompts]:
         ids = encode_prompt(target.tokenizer, prompt, ChatTemplate())
         prompt_ids = list(ids)
@@ -209,7 +209,6 @@ def main() -> None:
                 agree[f"engine_{kind}_nonfinite_h"] = agree.get(f"engine_{kind}_nonfinite_h", 0) + bad_h
                 agree[f"engine_{kind}_nonfinite_logits"] = agree.get(f"engine_{kind}_nonfinite_logits", 0) + bad_logits
             if draft.markov is None:  # every slot from the context alone: comparable slot by slot
-                per = slots.setdefault("n", [0] * g)
                 for name, blocks, ref in (("taught_right", taught, truth), ("served_right", serv, truth),
                                           ("engine_kernel_right", engine["kernel"], truth),
                                           ("engine_sdpa_right", engine["sdpa"], truth),
@@ -219,8 +218,6 @@ def main() -> None:
                     for block, want in zip(blocks, ref):
                         for k in range(g):
                             count[k] += int(block[k] == want[k])
-                for k in range(g):
-                    per[k] += len(anchors)
             with varlen_sdpa():
                 loop = SpecDecoder(target, draft).generate(prompt_ids, args.served_tokens)
             row["tau_loop"] = tau(loop.accepts)
@@ -250,10 +247,9 @@ def main() -> None:
         result["first_token"] = agree
         if slots:
             result["every_slot"] = slots
-            print("every slot (a draft without a Markov head), counts over", slots["n"][0], "anchors:")
+            print("every slot (a draft without a Markov head), counts over", agree["n"], "anchors:")
             for name, count in slots.items():
-                if name != "n":
-                    print(f"  {name:28s}", " ".join(f"{c:3d}" for c in count))
+                print(f"  {name:28s}", " ".join(f"{c:3d}" for c in count))
         print(f"first draft token at {agree['n']} anchors: teacher-forced right {agree['taught_right']}, served right "
               f"{agree['served_right']} (float32 {agree['served32_right']}), teacher-forced == served {agree['same']}")
         for kind in ("kernel", "sdpa"):
