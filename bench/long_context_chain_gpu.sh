@@ -152,10 +152,15 @@ run)
             tail -n 3 "$ROOT/gpu_tests.log"
         fi
         wait "$families" || echo "[chain] families train or eval failed"
+        first_run() {  # DRAFT: the first seed's run of that draft family, or nothing
+            local seed=${SEEDS:-0}
+            # || true: with no such run, ls fails the pipe (pipefail), and under set -e an assignment
+            # from it ended the whole chain
+            ls -d "$ROOT/families/seed${seed%% *}"/runs/*"draft=$1,"* 2>/dev/null | head -n 1 || true
+        }
         fp8=""
         if [ "${FP8_TAU:-0}" = 1 ]; then
-            seed=${SEEDS:-0}; seed=${seed%% *}
-            run=$(ls -d "$ROOT/families/seed$seed"/runs/*"draft=${FP8_RUN:-dspark_b16},"* 2>/dev/null | head -n 1)
+            run=$(first_run "${FP8_RUN:-dspark_b16}")
             echo "[chain] fp8 τ ${run:-(no run)} $(date +%T)"
             if [ -n "$run" ]; then
                 python3 bench/draft_fp8_tau.py "$run" --device cuda --prompts "$DATA/heldout_prompts.jsonl" \
@@ -164,8 +169,7 @@ run)
             fi
         fi
         if [ "${PATHS_CHECK:-0}" = 1 ]; then  # after FP8's start: both read checkpoints only, τ-sized work
-            seed=${SEEDS:-0}; seed=${seed%% *}
-            run=$(ls -d "$ROOT/families/seed$seed"/runs/*"draft=${PATHS_RUN:-dflash_b16},"* 2>/dev/null | head -n 1)
+            run=$(first_run "${PATHS_RUN:-dflash_b16}")
             echo "[chain] capture paths ${run:-(no run)} $(date +%T)"
             if [ -n "$run" ]; then
                 python3 bench/capture_paths.py --target "${TARGET:-smollm2-135m}" --draft "$run" --prompts "$DATA/heldout_prompts.jsonl" \
